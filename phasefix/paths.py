@@ -1,0 +1,12 @@
+"""Absolute paths derived from the project root, so runs started from any directory land in the same places."""
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = PROJECT_ROOT / "conf"
+MLRUNS_DIR = PROJECT_ROOT / "mlruns"
+STUDIES_DIR = PROJECT_ROOT / "studies"
+OUTPUTS_DIR = PROJECT_ROOT / "outputs"
+
+
+def default_tracking_uri() -> str:
+    return f"sqlite:///{MLRUNS_DIR / 'mlflow.db'}"
