@@ -1,0 +1,234 @@
+"""A Qwen3 decoder with pluggable attention: `full` or chunked-`compressed` (science.md §2). Math only.
+
+Layout everywhere: [B, T, H, D]. Letters: B batch, T tokens, C width, H query heads, HKV KV heads, D head dim,
+W window, S stride, N entries.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from phasefix.model import compression
+from phasefix.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE on the last `width` dims of each head (all dims by default, none when width is 0)."""
+
+    def __init__(self, head_dim: int, width: int, theta: float):
+        super().__init__()
+        self.head_dim, self.width = head_dim, width
+        inv_freq = 1.0 / theta ** (torch.arange(0, max(width, 2), 2, dtype=torch.float64) / max(width, 2))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, H, D]; pos: [T] integer positions (may be negative)."""
+        if self.width == 0:
+            return x
+        freqs = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, width/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [T, width]
+        cos, sin = emb.cos()[None, :, None, :].to(x.dtype), emb.sin()[None, :, None, :].to(x.dtype)
+        keep, rot = x[..., : self.head_dim - self.width], x[..., self.head_dim - self.width:]
+        r1, r2 = rot.chunk(2, dim=-1)
+        rot = rot * cos + torch.cat([-r2, r1], dim=-1) * sin
+        return torch.cat([keep, rot], dim=-1) if keep.shape[-1] else rot
+
+
+class Compressor(nn.Module):
+    """Pools every window of W tokens into one key entry and one value entry per KV head.
+
+    Slot i of a window has its own gate (Z_i, b_i) and payload map C_i:
+        s_{j,i} = Z_i h_{j,i} + b_i,  a_{j,.} = softmax_i s_{j,.},  K_j = sum_i a_{j,i} C_i h_{j,i}
+    Values use their own gate and payload unless `tied_kv`. Parameters keep the slot as their first dim, so
+    gate cycling is a roll along dim 0.
+    """
+
+    def __init__(self, cfg: ModelConfig, grid_offset: int = 0):
+        super().__init__()
+        self.cfg, self.grid_offset = cfg, grid_offset
+        W, C, HKV, D = cfg.window, cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
+        gate_width = HKV if cfg.gate == "scalar" else HKV * D
+        branches = ("key",) if cfg.tied_kv else ("key", "value")
+        for b in branches:
+            self.register_parameter(f"{b}_payload", nn.Parameter(torch.randn(W, C, HKV * D) * cfg.init_std))
+            if cfg.gate != "uniform":
+                self.register_parameter(f"{b}_gate", nn.Parameter(torch.randn(W, C, gate_width) * cfg.gate_init_std))
+                if cfg.gate_bias:
+                    self.register_parameter(f"{b}_gate_bias", nn.Parameter(torch.zeros(W, gate_width)))
+            # a fixed additive slot preference per KV head (zero unless a mitigation sets it)
+            self.register_buffer(f"{b}_slot_prior", torch.zeros(W, HKV))
+        self.branches = branches
+
+    def windows(self, x: torch.Tensor):
+        """x: [B, T, C] -> the tokens of every window [B, N, W, C] and the mask of filled slots [N, W]."""
+        pos = compression.window_positions(x.shape[1], self.cfg.window, self.cfg.stride, self.grid_offset, x.device)
+        filled = pos >= 0
+        xw = x[:, pos.clamp(min=0)] * filled[None, :, :, None].to(x.dtype)  # [B, N, W, C]
+        return xw, filled
+
+    def branch(self, b: str, xw: torch.Tensor, filled: torch.Tensor):
+        """Payloads [B, N, W, HKV, D] and gate logits [B, N, W, HKV, 1|D] of one branch."""
+        cfg = self.cfg
+        B, N, W, C = xw.shape
+        HKV, D = cfg.num_kv_heads, cfg.head_dim
+        xs = xw.permute(2, 0, 1, 3).reshape(W, B * N, C)  # [W, B*N, C] slot-major for per-slot maps
+        payload = torch.bmm(xs, getattr(self, f"{b}_payload"))  # [W, B*N, HKV*D]
+        payload = payload.view(W, B, N, HKV, D).permute(1, 2, 0, 3, 4)  # [B, N, W, HKV, D]
+        if cfg.gate == "uniform":
+            logits = xw.new_zeros(B, N, W, HKV, 1)
+        else:
+            logits = torch.bmm(xs, getattr(self, f"{b}_gate"))  # [W, B*N, HKV or HKV*D]
+            if cfg.gate_bias:
+                logits = logits + getattr(self, f"{b}_gate_bias")[:, None, :]
+            logits = logits.view(W, B, N, HKV, -1).permute(1, 2, 0, 3, 4)  # [B, N, W, HKV, 1|D]
+        logits = logits + getattr(self, f"{b}_slot_prior")[None, None, :, :, None]
+        logits = logits.masked_fill(~filled[None, :, :, None, None], float("-inf"))
+        return payload, logits
+
+    def forward(self, x: torch.Tensor, k_norm: nn.Module | None, pool=compression.gated_pool):
+        """x: [B, T, C] normed hidden states -> pooled keys, values [B, N, HKV, D] (keys normed, not yet rotated)
+        and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates)."""
+        xw, filled = self.windows(x)
+        out, gates = {}, {}
+        for b in self.branches:
+            payload, logits = self.branch(b, xw, filled)
+            if b == "key" and k_norm is not None and self.cfg.post_norm:
+                payload = k_norm(payload)
+            out[b] = pool(payload, logits)
+            gates[b] = torch.softmax(logits.float(), dim=2).mean(-1)
+        k_cmp = out["key"]
+        if k_norm is not None and not self.cfg.post_norm:
+            k_cmp = k_norm(k_cmp)
+        return k_cmp, out.get("value"), gates
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg = cfg
+        C, H, HKV, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(C, H * D, bias=False)
+        self.k_proj = nn.Linear(C, HKV * D, bias=False)
+        self.v_proj = nn.Linear(C, HKV * D, bias=False)
+        self.o_proj = nn.Linear(H * D, C, bias=False)
+        self.q_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rope = RotaryEmbedding(D, cfg.rope_width, cfg.rope_theta)
+        self.compressor = Compressor(cfg, cfg.grid_offset(layer)) if cfg.compressed else None
+        self.sink = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None
+        self.last_gates: dict | None = None  # filled when the model runs with collect_gates=True
+
+    def forward(self, x: torch.Tensor, collect_gates: bool = False) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        pos = torch.arange(T, device=x.device)
+        q = self.q_proj(x).view(B, T, cfg.num_heads, cfg.head_dim)  # [B, T, H, D]
+        k = self.k_proj(x).view(B, T, cfg.num_kv_heads, cfg.head_dim)  # [B, T, HKV, D]
+        v = self.v_proj(x).view(B, T, cfg.num_kv_heads, cfg.head_dim)  # [B, T, HKV, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        if self.compressor is None:
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=True).transpose(1, 2)
+        else:
+            ops = _ops(cfg.attn_impl, x.device)
+            k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
+            off = self.compressor.grid_offset
+            k_cmp = self.rope(k_cmp, compression.entry_positions(k_cmp.shape[1], cfg.stride, off, x.device))
+            v_cmp = k_cmp if cfg.tied_kv else v_cmp
+            self.last_gates = gates if collect_gates else None
+            y = ops.compressed_attention(q, k, v, k_cmp, v_cmp, stride=cfg.stride, local_window=cfg.local_window,
+                                         local_memory=cfg.local_memory, sink=self.sink, grid_offset=off,
+                                         query_block=cfg.query_block)
+        return self.o_proj(y.reshape(B, T, -1))
+
+
+def _ops(attn_impl: str, device: torch.device):
+    """The module providing `gated_pool` and `compressed_attention`: the reference here, or the Triton kernels."""
+    if attn_impl == "triton" or (attn_impl == "auto" and device.type == "cuda"):
+        import kernels  # needs only torch and triton
+
+        return kernels
+    return compression
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, collect_gates: bool = False):
+        x = x + self.attn(self.input_norm(x), collect_gates)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class CompressedQwen3(nn.Module):
+    """Qwen3 with full or chunked-compressed attention. `forward(input_ids [B, T]) -> logits [B, T, V]`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.config.init_std)
+
+    def forward(self, input_ids: torch.Tensor, collect_gates: bool = False) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [B, T, C]
+        for block in self.layers:
+            x = block(x, collect_gates)
+        return self.lm_head(self.norm(x))  # [B, T, V]
+
+    def gates(self) -> list[dict]:
+        """Gate distributions {branch: [B, N, W, HKV]} per layer from the last forward with collect_gates=True."""
+        return [block.attn.last_gates for block in self.layers]
+
+    def compressors(self) -> list[Compressor]:
+        return [block.attn.compressor for block in self.layers if block.attn.compressor is not None]
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "CompressedQwen3":
+        return cls(ModelConfig.from_name(name, **overrides))
+
+    @classmethod
+    def from_hf(cls, model_or_dir, **overrides) -> "CompressedQwen3":
+        """Build from a Hugging Face Qwen3 checkpoint (directory or `Qwen3ForCausalLM`); see `hf.py`."""
+        from phasefix.model.hf import from_hf
+
+        return from_hf(cls, model_or_dir, **overrides)
