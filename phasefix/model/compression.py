@@ -46,6 +46,11 @@ def entry_positions(N: int, stride: int, grid_offset: int = 0, device=None) -> t
 
 
 # ------------------------------------------------------------------------------------------------ pooling
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """Half precision -> float32 for softmax; float32 and float64 stay as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def gated_pool(payload: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     """Softmax over slots, then the weighted sum of the slot payloads.
 
@@ -53,7 +58,7 @@ def gated_pool(payload: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor
     gate_logits: [B, N, W, HKV, 1] (scalar gate) or [B, N, W, HKV, D] (vector gate); -inf marks empty slots
     returns:     [B, N, HKV, D]
     """
-    a = torch.softmax(gate_logits.float(), dim=2).to(payload.dtype)  # [B, N, W, HKV, 1|D]
+    a = torch.softmax(_upcast(gate_logits), dim=2).to(payload.dtype)  # [B, N, W, HKV, 1|D]
     return (a * payload).sum(dim=2)
 
 
@@ -113,7 +118,7 @@ def compressed_attention(
         parts = [s_raw, s_cmp]
         if sink is not None:
             parts.append(sink.view(1, 1, HKV, G, 1).expand(B, t1 - t0, HKV, G, 1).to(s_raw.dtype))
-        p = torch.softmax(torch.cat(parts, dim=-1).float(), dim=-1).to(q.dtype)
+        p = torch.softmax(_upcast(torch.cat(parts, dim=-1)), dim=-1).to(q.dtype)
         p_raw, p_cmp = p[..., :L], p[..., L:L + Nb]
         o = torch.einsum("bthgl,bthdl->bthgd", p_raw, v_band[:, t0:t1])
         o = o + torch.einsum("bthgn,bnhd->bthgd", p_cmp, v_cmp[:, :Nb])

@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))  # upcast half precision, never downcast float64
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
