@@ -1,0 +1,1 @@
+from .gated_pool import gated_pool
