@@ -1,0 +1,296 @@
+"""`python -m phasefix.fit [key=value ...] [+mitigation=NAME]`: train, evaluate by phase, log to MLflow.
+
+`fit(cfg) -> summary` is the one entry point shared by the CLI, the studies and the tests.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from phasefix import config as C
+from phasefix import tracking
+from phasefix.errors import ConfigError, check
+from phasefix.paths import CONF_DIR, OUTPUTS_DIR
+
+RUN_FILE = "run.json"
+
+
+# ------------------------------------------------------------------------------------------------ config
+def compose(overrides: Sequence[str] = (), config_name: str = "fit") -> DictConfig:
+    """The composed config for these overrides (Hydra compose API), with composition errors as ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+    except Exception as e:  # Hydra/OmegaConf errors are long; users need one line naming the key
+        raise ConfigError(_one_line_hydra_error(e, overrides)) from None
+
+
+def _one_line_hydra_error(e: Exception, overrides: Sequence[str]) -> str:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(e, MissingConfigException):
+        for o in overrides:
+            key, _, value = o.lstrip("+~").partition("=")
+            group_dir = CONF_DIR / key
+            if group_dir.is_dir():
+                allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))
+                names = value.strip("[]").split(",")
+                bad = [n for n in names if n not in allowed]
+                if bad:
+                    return f"{key}={bad[0]} is invalid: allowed values are {', '.join(allowed)}"
+    cause = e.__cause__ or e
+    msg = str(cause).splitlines()
+    full_key = next((ln.split(":", 1)[1].strip() for ln in msg if ln.strip().startswith("full_key:")), None)
+    first = msg[0] if msg else type(e).__name__
+    if full_key:
+        return f"{full_key}: {first}"
+    return f"{first} (overrides: {' '.join(overrides)})"
+
+
+def plan(cfg: DictConfig) -> dict:
+    """Validate everything and build the objects of a run, before any training or MLflow run starts."""
+    from phasefix.data import RetrievalConfig
+    from phasefix.mitigations import build_mitigations
+
+    model_cfg = C.model_config(cfg)
+    mitigations = build_mitigations(cfg.get("mitigation"))
+    for m in mitigations:
+        model_cfg = m.configure_model(model_cfg)
+    C.validate_trainer(cfg.trainer)
+    C.validate_optim(cfg.optim)
+    C.validate_eval(cfg.eval)
+    data_cfg = RetrievalConfig.from_dict(OmegaConf.to_container(cfg.data, resolve=True))
+    data_cfg.vocab.check_fits(model_cfg.vocab_size)
+    check(cfg.eval.period % model_cfg.stride == 0, "eval.period", cfg.eval.period,
+          f"must be a multiple of model.stride ({model_cfg.stride}) so residue groups fold onto phases")
+    return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
+
+
+def run_name(cfg: DictConfig) -> str:
+    if cfg.run_name:
+        return cfg.run_name
+    m = cfg.model
+    name = m.name if m.attention == "full" else f"{m.name}-W{m.window}S{m.stride}"
+    if cfg.get("mitigation"):
+        name += "-" + "+".join(cfg.mitigation.keys())
+    return name
+
+
+# ------------------------------------------------------------------------------------------------ resume
+def find_resume(resume: str) -> tuple[Path, Path]:
+    """(run dir, checkpoint) for `resume=last`, a run output directory or a .ckpt path."""
+    if resume == "last":
+        runs = sorted(OUTPUTS_DIR.glob(f"*/*/{RUN_FILE}"), key=lambda p: p.stat().st_mtime)
+        runs = [r.parent for r in runs if (r.parent / "checkpoints" / "last.ckpt").exists()]
+        check(bool(runs), "resume", resume, f"no run with a last checkpoint under {OUTPUTS_DIR}")
+        return runs[-1], runs[-1] / "checkpoints" / "last.ckpt"
+    path = Path(resume).expanduser().resolve()
+    if path.is_file() and path.suffix == ".ckpt":
+        return path.parent.parent, path
+    check(path.is_dir() and (path / "checkpoints" / "last.ckpt").exists(), "resume", resume,
+          "must be 'last', a run output directory holding checkpoints/last.ckpt, or a .ckpt file")
+    return path, path / "checkpoints" / "last.ckpt"
+
+
+# ------------------------------------------------------------------------------------------------ fit
+def fit(cfg: DictConfig) -> dict:
+    """Train, evaluate by phase (both paddings), log to MLflow; return the summary (also in summary.json)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from phasefix.data import make_phase_eval, make_train_dataset
+    from phasefix.module import PhaseFixModule, RetrievalDataModule
+
+    resume_ckpt = None
+    if cfg.get("resume"):
+        run_dir, resume_ckpt = find_resume(str(cfg.resume))
+        stored = OmegaConf.load(run_dir / "config.yaml")
+        stored.resume = None
+        cfg = stored
+        run_info = tracking.read_json(run_dir / RUN_FILE)
+    p = plan(cfg)  # raises ConfigError before anything is written
+    model_cfg, data_cfg = p["model"], p["data"]
+    resolved = C.to_container(cfg)
+
+    torch.set_num_threads(cfg.trainer.num_threads)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    t_start = time.time()
+
+    # data first: a broken data config must not leave a half-written run behind
+    train_set = make_train_dataset(data_cfg, split="train", seed=cfg.seed).with_format("torch")
+    eval_kwargs = data_cfg.eval_kwargs()
+    val_sets = {pad: make_phase_eval("kv_lookup", pad, period=cfg.eval.period,
+                                     per_residue=cfg.eval.val_per_residue, seed=cfg.eval.seed + 1,
+                                     **eval_kwargs).with_format("torch")
+                for pad in cfg.eval.paddings}
+
+    c = tracking.client(cfg.logger.tracking_uri)
+    if resume_ckpt is None:
+        out_dir = Path(cfg.output_dir) if cfg.output_dir else (
+            OUTPUTS_DIR / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{run_name(cfg)}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        exp_id = tracking.get_or_create_experiment(c, cfg.logger.experiment_name)
+        mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
+        run = c.create_run(exp_id, run_name=run_name(cfg), tags={
+            "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
+            "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
+            "git_commit": tracking.git_commit(), "phasefix.kind": "fit", "output_dir": str(out_dir)})
+        run_id = run.info.run_id
+        tracking.log_params(c, run_id, resolved)
+        c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        tracking.write_json(out_dir / RUN_FILE, {"mlflow_run_id": run_id, "tracking_uri": c.tracking_uri})
+    else:
+        out_dir, run_id = run_dir, run_info["mlflow_run_id"]
+        c.update_run(run_id, status="RUNNING")
+        c.set_tag(run_id, "resumed_from", str(resume_ckpt))
+
+    status = "FAILED"
+    try:
+        module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                                optim=OmegaConf.to_container(cfg.optim, resolve=True),
+                                max_steps=cfg.trainer.max_steps,
+                                mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
+                                if cfg.get("mitigation") else None,
+                                paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed)
+        data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
+                                   eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
+                                   max_steps=cfg.trainer.max_steps)
+        logger = MLFlowLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
+                              run_id=run_id)
+        ckpt_dir = out_dir / "checkpoints"
+        callbacks = [
+            ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
+                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
+            ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=f"val/{cfg.eval.paddings[0]}/acc_mean",
+                            mode="max", save_top_k=1, auto_insert_metric_name=False),
+        ]
+        trainer = L.Trainer(
+            accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, strategy=cfg.trainer.strategy,
+            precision=cfg.trainer.precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
+            gradient_clip_val=cfg.trainer.gradient_clip_val, val_check_interval=cfg.trainer.val_every_n_steps,
+            check_val_every_n_epoch=None, log_every_n_steps=cfg.trainer.log_every_n_steps,
+            deterministic=cfg.trainer.deterministic, enable_progress_bar=cfg.trainer.progress_bar,
+            enable_model_summary=False, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
+            use_distributed_sampler=False, default_root_dir=str(out_dir))
+        trainer.fit(module, datamodule=data, ckpt_path=str(resume_ckpt) if resume_ckpt else None)
+        if trainer.interrupted:
+            status = "KILLED"
+            raise KeyboardInterrupt
+        train_seconds = time.time() - t_start
+
+        # the final phase evaluation, on fresh prompts with intervals
+        from phasefix.evaluate import evaluate_phase
+
+        model = module.model.eval()
+        results = {}
+        for pad in cfg.eval.paddings:
+            ds = make_phase_eval("kv_lookup", pad, period=cfg.eval.period, per_residue=cfg.eval.per_residue,
+                                 seed=cfg.eval.seed, **eval_kwargs).with_format("torch")
+            results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
+                                          n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size)
+        summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
+        log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets)
+        tracking.write_json(out_dir / "summary.json", summary)
+        c.log_artifact(run_id, str(out_dir / "summary.json"))
+        status = "FINISHED"
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        c.set_terminated(run_id, status=status)
+
+
+def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir) -> dict:
+    summary = {"mlflow_run_id": run_id, "model": model_cfg.name, "attention": model_cfg.attention,
+               "window": model_cfg.window, "stride": model_cfg.stride,
+               "train_seconds": round(train_seconds, 1), "total_seconds": round(total_seconds, 1),
+               "output_dir": str(out_dir)}
+    for pad, res in results.items():
+        summary[pad] = {k: _plain(res[k]) for k in ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue",
+                                                    "period_detected", "worst_ci", "gap_ci", "periodicity_ratio")
+                        if k in res}
+    return summary
+
+
+def _plain(v):
+    if isinstance(v, torch.Tensor):
+        v = v.tolist()
+    if isinstance(v, float):
+        return round(v, 4)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets) -> None:
+    for pad, res in results.items():
+        tracking.log_phase_result(c, run_id, pad, res)
+    fig = tracking.phase_figure(results, model_cfg.stride,
+                                title=f"{run_name(cfg)}  (run {run_id[:8]})")
+    tracking.log_figure(c, run_id, fig, "phase_curves.png")
+    c.log_text(run_id, tracking.residue_table(results), "phase_table.csv")
+    if model_cfg.compressed and model_cfg.gate != "uniform":
+        from phasefix.mitigations.gates import effective_slots, gate_heatmap
+
+        probe = next(iter(val_sets.values()))["input_ids"][:64]
+        static = module.static_gates(probe)
+        for layer, branches in enumerate(static):
+            for branch, prob in branches.items():
+                for h, e in enumerate(effective_slots(prob).tolist()):
+                    c.log_metric(run_id, f"gates/L{layer}/{branch}/h{h}/eff_slots", e)
+        tracking.log_figure(c, run_id, gate_heatmap(static), "gate_heatmap.png")
+
+
+def print_summary(summary: dict) -> None:
+    print(f"\nphasefix fit: {summary['model']} ({summary['attention']}, W{summary['window']}/S{summary['stride']}), "
+          f"trained in {summary['train_seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
+    print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")
+    for pad in ("prefix", "in_sequence"):
+        if pad in summary:
+            s = summary[pad]
+            print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
+                  f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {tracking.sparkline(s['per_residue'])}")
+    print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print("Config groups:", ", ".join(sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())))
+        return 0
+    show_cfg = "--cfg" in argv
+    argv = [a for a in argv if a != "--cfg"]
+    try:
+        cfg = compose(argv)
+        if show_cfg:
+            print(OmegaConf.to_yaml(cfg))
+            return 0
+        if not cfg.get("resume"):
+            plan(cfg)
+        summary = fit(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

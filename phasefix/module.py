@@ -1,0 +1,163 @@
+"""Lightning wiring: the module that owns the model and its losses, and the data module for the retrieval task."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Sampler
+
+from phasefix.metrics import PhaseAccuracy
+from phasefix.mitigations import build_mitigations
+from phasefix.mitigations.gates import effective_slots, static_gate_distribution
+from phasefix.model import CompressedQwen3, ModelConfig
+
+
+class PhaseFixModule(L.LightningModule):
+    """Trains a `CompressedQwen3` on next-token loss at the query positions, plus any mitigation terms.
+
+    Validation: one dataloader per padding mode of the phase-controlled protocol; accuracy of the prediction at
+    `query_pos` grouped by residue (`val/<padding>/acc_mean`, `acc_worst`, `acc_gap`).
+    """
+
+    def __init__(self, model: Mapping, optim: Mapping, max_steps: int, mitigation: Mapping | None = None,
+                 paddings: tuple[str, ...] = ("prefix",), period: int = 24, seed: int = 0):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.mitigations = build_mitigations(mitigation)
+        model_cfg = ModelConfig.from_dict(dict(model))
+        for m in self.mitigations:
+            model_cfg = m.configure_model(model_cfg)
+        self.model_config = model_cfg
+        self.model = CompressedQwen3(model_cfg)
+        for m in self.mitigations:
+            m.setup(self.model)
+        self.needs_gates = any(m.needs_gates for m in self.mitigations)
+        self.paddings = tuple(paddings)
+        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=0)
+                                           for _ in self.paddings)
+
+    # ---- training ----
+    def forward(self, input_ids, collect_gates: bool = False):
+        return self.model(input_ids, collect_gates=collect_gates)
+
+    def training_step(self, batch, batch_idx):
+        input_ids, labels = batch["input_ids"], batch["labels"]
+        if self.mitigations:
+            gen = torch.Generator().manual_seed(int(self.hparams.seed) * 1_000_003 + int(self.global_step))
+            for m in self.mitigations:
+                input_ids, labels = m.transform_batch(input_ids, labels, gen)
+        logits = self.model(input_ids, collect_gates=self.needs_gates)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        terms = {}
+        if self.needs_gates:
+            gates = self.model.gates()
+            for m in self.mitigations:
+                terms.update(m.loss(self.model, gates))
+        total = loss + sum(terms.values()) if terms else loss
+        if not torch.isfinite(total):
+            raise FloatingPointError(f"train/loss is {total.item()} at step {self.global_step}: stopping; the last "
+                                     "good checkpoint is kept (lower optim.lr or trainer.gradient_clip_val)")
+        mask = labels != -100
+        acc = (logits.argmax(-1)[mask] == labels[mask]).float().mean()
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/query_acc", acc, prog_bar=True)
+        for name, value in terms.items():
+            self.log(f"train/mitigation/{name}", value)
+        return total
+
+    def configure_optimizers(self):
+        o = self.hparams.optim
+        decay = [p for n, p in self.named_parameters() if p.ndim >= 2 and p.requires_grad]
+        no_decay = [p for n, p in self.named_parameters() if p.ndim < 2 and p.requires_grad]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
+        warmup, total, floor = o["warmup_steps"], self.hparams.max_steps, o["min_lr_ratio"]
+
+        def schedule(step):
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- validation: phase accuracy per padding ----
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        correct = query_correct(self.model, batch)
+        self.val_acc[dataloader_idx].update(correct, batch["residue"], batch["cluster"])
+
+    def on_validation_epoch_end(self):
+        for padding, metric in zip(self.paddings, self.val_acc):
+            res = metric.compute()
+            for key in ("acc_mean", "acc_worst", "acc_gap"):
+                self.log(f"val/{padding}/{key}", float(res[key]), sync_dist=False)
+            metric.reset()
+        if self.needs_gates and self.trainer.is_global_zero:
+            self.log_gate_stats()
+
+    @torch.no_grad()
+    def log_gate_stats(self):
+        """Static gate distribution per layer and KV head: effective number of slots exp(H)."""
+        static = self.static_gates()
+        for layer, branches in enumerate(static):
+            for branch, p in branches.items():
+                eff = effective_slots(p)
+                for h in range(p.shape[0]):
+                    self.log(f"gates/L{layer}/{branch}/h{h}/eff_slots", float(eff[h]), rank_zero_only=True)
+
+    @torch.no_grad()
+    def static_gates(self, input_ids: torch.Tensor | None = None):
+        if input_ids is None:
+            input_ids = self._gate_probe
+        self.model(input_ids.to(self.device), collect_gates=True)
+        return static_gate_distribution(self.model.gates())
+
+
+@torch.no_grad()
+def query_correct(model, batch) -> torch.Tensor:
+    """Full-vocabulary top-1 at each prompt's query position: [B] bool."""
+    logits = model(batch["input_ids"])  # [B, T, V]
+    at_query = logits[torch.arange(logits.shape[0], device=logits.device), batch["query_pos"]]
+    return at_query.argmax(-1) == batch["answer"]
+
+
+class StepBatchSampler(Sampler):
+    """Batch indices as a pure function of (seed, step, rank): a resumed run sees exactly the batches an
+    uninterrupted run would have seen from its step on."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, start_step: int, max_steps: int, rank: int = 0):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.start_step, self.max_steps, self.rank = start_step, max_steps, rank
+
+    def __len__(self):
+        return max(0, self.max_steps - self.start_step)
+
+    def __iter__(self):
+        for step in range(self.start_step, self.max_steps):
+            rng = np.random.default_rng([self.seed, step, self.rank])
+            yield rng.choice(self.n, size=min(self.batch_size, self.n), replace=False).tolist()
+
+
+class RetrievalDataModule(L.LightningDataModule):
+    """Training stream of the controlled retrieval task and the phase-controlled validation prompts."""
+
+    def __init__(self, train_set, val_sets: Mapping, batch_size: int, eval_batch_size: int, seed: int,
+                 max_steps: int):
+        super().__init__()
+        self.train_set, self.val_sets = train_set, dict(val_sets)
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.seed, self.max_steps = seed, max_steps
+
+    def train_dataloader(self):
+        start = self.trainer.global_step if self.trainer is not None else 0
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        sampler = StepBatchSampler(len(self.train_set), self.batch_size, self.seed, start, self.max_steps, rank)
+        return DataLoader(self.train_set, batch_sampler=sampler, num_workers=0)
+
+    def val_dataloader(self):
+        return [DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False) for ds in self.val_sets.values()]

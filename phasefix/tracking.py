@@ -1,0 +1,169 @@
+"""Everything phasefix writes to MLflow (the only module that talks to MLflow).
+
+Store: `sqlite:///<project>/mlruns/mlflow.db` with artifacts under `mlruns/` (MLflow 3 refuses the plain file store),
+overridable by an explicit URI or MLFLOW_TRACKING_URI. The URI is always passed explicitly, never read from
+MLflow's import-time default.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from collections.abc import Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from phasefix.paths import PROJECT_ROOT, default_tracking_uri  # noqa: E402
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def client(uri: str | None = None) -> MlflowClient:
+    uri = tracking_uri(uri)
+    if uri.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(c: MlflowClient, name: str) -> str:
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifacts = None
+    if c.tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the database (mlruns/ by default)
+        db = Path(c.tracking_uri[len("sqlite:///"):])
+        artifacts = (db.parent / "artifacts" / name).resolve().as_uri()
+    return c.create_experiment(name, artifact_location=artifacts)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def flatten(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def log_params(c: MlflowClient, run_id: str, cfg: Mapping) -> None:
+    from mlflow.entities import Param
+
+    params = [Param(k, str(v)[:6000]) for k, v in flatten(cfg).items()]
+    for i in range(0, len(params), 100):
+        c.log_batch(run_id, params=params[i:i + 100])
+
+
+def sparkline(values) -> str:
+    out = []
+    for v in values:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            out.append(" ")
+        else:
+            out.append(SPARK[min(len(SPARK) - 1, max(0, int(round(float(v) * (len(SPARK) - 1)))))])
+    return "".join(out)
+
+
+def phase_figure(curves: Mapping[str, Mapping], stride: int | None, title: str = ""):
+    """Phase curves with Wilson intervals and the stride grid. curves: label -> PhaseAccuracy.compute() as lists."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for label, res in curves.items():
+        acc = list(res["per_residue"])
+        r = list(range(len(acc)))
+        line, = ax.plot(r, acc, marker="o", ms=3, label=f"{label} (mean {res['acc_mean']:.2f}, gap {res['acc_gap']:.2f})")
+        if "wilson_low" in res:
+            ax.fill_between(r, list(res["wilson_low"]), list(res["wilson_high"]), color=line.get_color(), alpha=0.15)
+    if stride:
+        for x in range(0, len(acc), stride):
+            ax.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
+    ax.set_xlabel("residue of the target key position")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def log_figure(c: MlflowClient, run_id: str, fig, path: str) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        local = os.path.join(d, os.path.basename(path))
+        with open(local, "wb") as f:
+            f.write(buf.getvalue())
+        c.log_artifact(run_id, local, os.path.dirname(path) or None)
+
+
+def log_text(c: MlflowClient, run_id: str, text: str, path: str) -> None:
+    c.log_text(run_id, text, path)
+
+
+def log_phase_result(c: MlflowClient, run_id: str, padding: str, res: Mapping, step: int = 0) -> None:
+    """The final phase curve of one padding mode: `phase_acc/<padding>` with step = residue (so the MLflow UI
+    overlays curves across runs), one scalar per residue, and the summary scalars."""
+    from mlflow.entities import Metric
+    import time
+
+    ts = int(time.time() * 1000)
+    metrics = [Metric(f"phase_acc/{padding}", float(a), ts, r)
+               for r, a in enumerate(res["per_residue"]) if not math.isnan(float(a))]
+    metrics += [Metric(f"phase_acc/{padding}/r{r:02d}", float(a), ts, step)
+                for r, a in enumerate(res["per_residue"]) if not math.isnan(float(a))]
+    for key in ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio"):
+        if key in res and res[key] is not None and not math.isnan(float(res[key])):
+            metrics.append(Metric(f"final/{padding}/{key}", float(res[key]), ts, step))
+    for i in range(0, len(metrics), 500):
+        c.log_batch(run_id, metrics=metrics[i:i + 500])
+
+
+def residue_table(results: Mapping[str, Mapping]) -> str:
+    """CSV: residue, then accuracy, count and Wilson interval per padding."""
+    paddings = list(results)
+    n = len(next(iter(results.values()))["per_residue"])
+    header = ["residue"] + [f"{p}_{k}" for p in paddings for k in ("acc", "count", "wilson_low", "wilson_high")]
+    rows = [",".join(header)]
+    for r in range(n):
+        row = [str(r)]
+        for p in paddings:
+            res = results[p]
+            row += [f"{float(res['per_residue'][r]):.4f}", str(int(res["count"][r])),
+                    f"{float(res['wilson_low'][r]):.4f}", f"{float(res['wilson_high'][r]):.4f}"]
+        rows.append(",".join(row))
+    return "\n".join(rows) + "\n"
+
+
+def write_json(path, obj) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
