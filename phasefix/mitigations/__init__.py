@@ -1,0 +1,46 @@
+"""Mitigations of phase sensitivity (science.md §6; math in docs/mitigations.md).
+
+`build_mitigations(cfg.mitigation)` validates every option and returns the `Mitigation`s the training loop calls:
+gate-diversity constraints, head and layer coordination losses, and the control baselines phase_jitter and
+staggered_offsets. Select them with `+mitigation=NAME` or `+mitigation=[a,b]`; options are the keys of
+conf/mitigation/NAME.yaml.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from phasefix.errors import ConfigError
+from phasefix.mitigations.base import Mitigation, as_options
+from phasefix.mitigations.controls import PhaseJitter, StaggeredOffsets
+from phasefix.mitigations.gate_losses import GateDiversity, HeadCoord, LayerCoord, slot_assignment
+from phasefix.mitigations.gates import effective_slots, gate_heatmap, static_gate_distribution
+
+REGISTRY: dict[str, type[Mitigation]] = {
+    cls.name: cls for cls in (GateDiversity, HeadCoord, LayerCoord, PhaseJitter, StaggeredOffsets)
+}
+
+
+def build_mitigations(cfg: Mapping | None) -> list[Mitigation]:
+    """cfg: mitigation name -> options (the Hydra node `cfg.mitigation`), or None/empty for none. A list of
+    names (default options) is accepted too. Raises ConfigError on an unknown name or a bad option."""
+    if cfg is None:
+        return []
+    if isinstance(cfg, str):
+        cfg = [cfg]
+    items = [(name, None) for name in cfg] if not isinstance(cfg, Mapping) else list(cfg.items())
+    out = []
+    for name, options in items:
+        if name not in REGISTRY:
+            raise ConfigError(f"mitigation={name} is invalid: allowed values are {', '.join(sorted(REGISTRY))}")
+        out.append(REGISTRY[name](**as_options(options)))
+    return out
+
+
+def mitigation_names(mitigations: list[Mitigation]) -> str:
+    """A short tag for run names, e.g. 'gate_diversity+head_coord'."""
+    return "+".join(m.name for m in mitigations)
+
+
+__all__ = ["REGISTRY", "GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "StaggeredOffsets",
+           "build_mitigations", "effective_slots", "gate_heatmap", "mitigation_names", "slot_assignment",
+           "static_gate_distribution"]

@@ -1,0 +1,130 @@
+"""The `Mitigation` interface the training loop calls, and option validation shared by every mitigation.
+
+Call order in the loop: `configure_model` (before the model is built) -> `setup(model)` (after) -> every step
+`transform_batch` (data-side controls), then, when any mitigation `needs_gates`, `loss(model, model.gates())`:
+named scalar terms, already weighted, added to the LM loss and logged as `train/mitigation/<name>`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from phasefix.errors import ConfigError
+from phasefix.model.config import ModelConfig
+
+BRANCHES = ("key", "value", "both")
+
+
+class Mitigation:
+    """Base class: every hook is a no-op. Subclasses set `name`, `defaults` (the options, equal to the keys of
+    conf/mitigation/<name>.yaml) and validate their options in `validate()` with `self.check`."""
+
+    name: ClassVar[str] = "mitigation"
+    defaults: ClassVar[dict[str, Any]] = {}
+    needs_gates: bool = False
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise ConfigError(f"mitigation.{self.name}.{unknown[0]} is not an option of {self.name}: allowed keys "
+                              f"are {', '.join(sorted(self.defaults)) or '(none)'}")
+        self.options = {**self.defaults, **options}
+        for key, value in self.options.items():
+            setattr(self, key, value)
+        self.validate()
+
+    # ---- validation ----
+    def validate(self) -> None:
+        if "weight" in self.defaults:
+            self.check_number("weight", minimum=0.0)
+        if "branch" in self.defaults:
+            self.check_choice("branch", BRANCHES)
+
+    def fail(self, key: str, rule: str):
+        raise ConfigError(f"mitigation.{self.name}.{key}={self.options.get(key)!r} is invalid: {rule}")
+
+    def check(self, cond: bool, key: str, rule: str) -> None:
+        if not cond:
+            self.fail(key, rule)
+
+    def check_choice(self, key: str, allowed) -> None:
+        self.check(self.options[key] in allowed, key,
+                   f"allowed values are {', '.join(repr(a) for a in allowed)}")
+
+    def check_number(self, key: str, minimum: float | None = None, integer: bool = False,
+                     nullable: bool = False) -> None:
+        value = self.options[key]
+        if value is None and nullable:
+            return
+        kinds = (int,) if integer else (int, float)
+        ok = isinstance(value, kinds) and not isinstance(value, bool) and (minimum is None or value >= minimum)
+        what = "an integer" if integer else "a number"
+        bound = f" >= {minimum}" if minimum is not None else ""
+        if not ok:
+            self.fail(key, f"must be {'null or ' if nullable else ''}{what}{bound}")
+
+    def require_learned_gates(self, cfg: ModelConfig) -> None:
+        """Gate mitigations need compressed attention with learned gates (and a value branch if they use it)."""
+        if cfg.attention != "compressed":
+            raise ConfigError(f"mitigation={self.name} is invalid with model.attention={cfg.attention!r}: it acts "
+                              "on the compressor's gates; use model.attention='compressed'")
+        if cfg.gate == "uniform":
+            raise ConfigError(f"mitigation={self.name} is invalid with model.gate='uniform': uniform averaging has "
+                              "no gates to act on; use model.gate='scalar' or 'vector'")
+        if cfg.window < 2:
+            raise ConfigError(f"mitigation={self.name} is invalid with model.window={cfg.window}: a one-slot window "
+                              "has nothing to spread")
+        if self.options.get("branch") == "value" and cfg.tied_kv:
+            raise ConfigError(f"mitigation.{self.name}.branch='value' is invalid with model.tied_kv=true: tied "
+                              "K/V has no value gate; use branch='key'")
+
+    def branches(self, available) -> list[str]:
+        """The gate branches this mitigation acts on, among those the model has."""
+        want = ("key", "value") if self.options.get("branch") == "both" else (self.options.get("branch", "key"),)
+        return [b for b in want if b in available]
+
+    # ---- hooks the loop calls ----
+    def configure_model(self, model_cfg: ModelConfig) -> ModelConfig:
+        """Before the model is built; return a (possibly new) config, or raise ConfigError if incompatible."""
+        return model_cfg
+
+    def setup(self, model: torch.nn.Module) -> None:
+        """After the model is built (and before the optimiser is)."""
+
+    def transform_batch(self, input_ids: torch.Tensor, labels: torch.Tensor, generator: torch.Generator | None):
+        """Data-side controls: return (input_ids, labels), labels aligned with input_ids as given."""
+        return input_ids, labels
+
+    def loss(self, model: torch.nn.Module, gates: list[dict]) -> dict[str, torch.Tensor]:
+        """Named scalar terms, already weighted; empty when the mitigation has no loss."""
+        return {}
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{type(self).__name__}({opts})"
+
+
+def as_options(value) -> dict:
+    """A mitigation's options from a DictConfig/dict/None."""
+    if value is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"mitigation options must be a mapping of option -> value, got {value!r}")
+    return dict(value)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The CompressedQwen3 inside torch.compile / DDP wrappers."""
+    for attr in ("_orig_mod", "module"):
+        while hasattr(model, attr) and not hasattr(model, "compressors"):
+            model = getattr(model, attr)
+    return model

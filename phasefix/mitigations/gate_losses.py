@@ -1,0 +1,185 @@
+"""Mitigations on the gates' static slot preferences (science.md §5-§6): gate diversity (soft penalty or a hard
+parametrisation), head coordination and layer coordination. Formulas and reasons: docs/mitigations.md.
+
+Every term works on the static distributions P [HKV, W] (E over batch and complete windows of the gates), so it
+costs a mean over [B, N, W, HKV] and a few [HKV, W]-sized ops per layer: negligible against the forward pass.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from phasefix.errors import ConfigError
+from phasefix.mitigations.base import Mitigation, unwrap
+from phasefix.mitigations.gates import entropy, slot_phases, static_gate_distribution
+from phasefix.model.config import ModelConfig
+
+HARD_MASK = 1e9  # logit penalty of a slot outside a head's assignment (exp(-1e9) is exactly 0 in float32)
+LAYOUTS = ("block", "interleaved")
+MODES = ("soft", "hard")
+
+
+class GateMitigation(Mitigation):
+    """A loss on the static gate distributions of the chosen branches, averaged over layers and branches."""
+
+    needs_gates = True
+
+    def configure_model(self, model_cfg: ModelConfig) -> ModelConfig:
+        self.require_learned_gates(model_cfg)
+        return model_cfg
+
+    def statics(self, model, gates) -> tuple[ModelConfig, list[tuple[int, str, torch.Tensor]]]:
+        """(config, [(layer, branch, P [HKV, W])]) for the chosen branches of every compressed layer."""
+        config = unwrap(model).config
+        static = static_gate_distribution(gates, config)
+        return config, [(layer, b, branches[b]) for layer, branches in enumerate(static)
+                        for b in self.branches(branches)]
+
+    def loss(self, model, gates):
+        config, statics = self.statics(model, gates)
+        term = self.term(config, statics)
+        return {self.name: self.weight * term}
+
+    def term(self, config: ModelConfig, statics) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _mean(terms: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(terms).mean() if terms else torch.zeros(())
+
+
+# ------------------------------------------------------------------------------------------------ gate diversity
+def slot_assignment(window: int, num_kv_heads: int, layout: str = "block") -> torch.Tensor:
+    """Which slots each KV head may read: bool [W, HKV]. Every slot has at least one head, every head at least one
+    slot, and the sets are disjoint when HKV <= W. `block`: head h gets the contiguous slots i with
+    floor(i*HKV/W) = h (anchors spaced W/HKV apart); `interleaved`: slots i with i mod HKV = h. With more heads
+    than slots, head h gets the one slot floor(h*W/HKV) (block) or h mod W (interleaved)."""
+    W, H = window, num_kv_heads
+    i = torch.arange(W)[:, None]
+    h = torch.arange(H)[None, :]
+    if H <= W:
+        owner = (i * H) // W if layout == "block" else i % H
+        return owner == h
+    slot = (h * W) // H if layout == "block" else h % W
+    return slot == i
+
+
+class GateDiversity(GateMitigation):
+    """The heads of a layer together cover every slot.
+
+    soft: D = 1 - H(m)/log W with m = mean_h P_h, the layer's mean static gate distribution (0 when the heads
+    together spread evenly over the slots, 1 when they all sit on one slot).
+    hard: fixed slot priors give each KV head its own slots (`slot_assignment`), so no learned parameter can move
+    two heads onto the same slot; the value gate's assignment is the key's shifted by `value_shift` slots (the
+    theory's value-on-the-next-slot). `strength: null` masks the other slots (a hard constraint); a number makes
+    it a fixed anchor of that many logits that learned gates could overcome. `freeze_bias` also zeroes and
+    freezes the learned per-slot bias b_i of the chosen branches, so static preferences come only from the
+    data-dependent term Z_i h.
+    """
+
+    name = "gate_diversity"
+    defaults = {"mode": "soft", "branch": "key", "weight": 0.1, "layout": "block", "strength": None,
+                "value_shift": 1, "freeze_bias": False}
+
+    def validate(self):
+        super().validate()
+        self.check_choice("mode", MODES)
+        self.check_choice("layout", LAYOUTS)
+        self.check_number("strength", minimum=0.0, nullable=True)
+        self.check_number("value_shift", integer=True)
+        self.check(isinstance(self.freeze_bias, bool), "freeze_bias", "must be true or false")
+        self.needs_gates = self.mode == "soft"
+
+    def configure_model(self, model_cfg):
+        super().configure_model(model_cfg)
+        if self.mode == "hard" and model_cfg.num_kv_heads < 2:
+            raise ConfigError("mitigation.gate_diversity.mode='hard' is invalid with model.num_kv_heads=1: the one "
+                              "head would be assigned every slot (no constraint); use mode='soft'")
+        return model_cfg
+
+    def priors(self, config: ModelConfig) -> dict[str, torch.Tensor]:
+        """The fixed slot priors [W, HKV] of each chosen branch (0 on assigned slots, -strength elsewhere)."""
+        mask = slot_assignment(config.window, config.num_kv_heads, self.layout)
+        penalty = HARD_MASK if self.strength is None else float(self.strength)
+        branches = self.branches(("key",) if config.tied_kv else ("key", "value"))
+        out = {}
+        for b in branches:
+            m = mask if b == "key" else torch.roll(mask, shifts=self.value_shift, dims=0)
+            out[b] = torch.where(m, 0.0, -penalty)
+        return out
+
+    def setup(self, model):
+        if self.mode != "hard":
+            return
+        model = unwrap(model)
+        priors = self.priors(model.config)
+        for comp in model.compressors():
+            for b, prior in priors.items():
+                buf = getattr(comp, f"{b}_slot_prior")
+                buf.copy_(prior.to(buf))
+                bias = getattr(comp, f"{b}_gate_bias", None)
+                if self.freeze_bias and bias is not None:
+                    with torch.no_grad():
+                        bias.zero_()
+                    bias.requires_grad_(False)
+
+    def loss(self, model, gates):
+        if self.mode == "hard":
+            return {}
+        return super().loss(model, gates)
+
+    def term(self, config, statics):
+        return _mean([1.0 - entropy(P.mean(0)) / math.log(P.shape[1]) for _, _, P in statics])
+
+
+# ------------------------------------------------------------------------------------------------ coordination
+class HeadCoord(GateMitigation):
+    """KV heads of one layer specialise on complementary phases: the mean pairwise overlap of their static phase
+    distributions q_h = P_h M (M maps slots to phases),
+        O = 1/(HKV(HKV-1)) sum_{h != h'} <q_h, q_h'>,
+    0 when the heads read disjoint phases, 1 when they all sit on the same phase, 1/S when all are uniform."""
+
+    name = "head_coord"
+    defaults = {"branch": "key", "weight": 0.1}
+
+    def configure_model(self, model_cfg):
+        super().configure_model(model_cfg)
+        if model_cfg.num_kv_heads < 2:
+            raise ConfigError("mitigation=head_coord is invalid with model.num_kv_heads=1: one head has no other "
+                              "head to coordinate with; use layer_coord or gate_diversity")
+        return model_cfg
+
+    def term(self, config, statics):
+        terms = []
+        for layer, _, P in statics:
+            q = P @ slot_phases(config, layer, P.device)  # [HKV, S]
+            G = q @ q.T  # [HKV, HKV]
+            n = q.shape[0]
+            terms.append((G.sum() - G.diagonal().sum()) / (n * (n - 1)))
+        return _mean(terms)
+
+
+class LayerCoord(GateMitigation):
+    """What one layer leaves uncovered another covers: the mean over phases r of the probability that no head of
+    any layer reads r, treating the static phase weights q_{l,h}(r) as independent coverage probabilities,
+        U = 1/S sum_r prod_{l,h} (1 - q_{l,h}(r)),
+    0 when every phase has some head (in some layer) fully on it, (S-1)/S when every head sits on the same phase.
+    Phases, not slots: layers with different grid offsets (or W > S) are compared on the tokens they read."""
+
+    name = "layer_coord"
+    defaults = {"branch": "key", "weight": 0.1}
+
+    def configure_model(self, model_cfg):
+        super().configure_model(model_cfg)
+        if model_cfg.num_layers * model_cfg.num_kv_heads < 2:
+            raise ConfigError("mitigation=layer_coord is invalid with one layer and one KV head: the loss is "
+                              "constant; use gate_diversity")
+        return model_cfg
+
+    def term(self, config, statics):
+        terms = []
+        for b in dict.fromkeys(b for _, b, _ in statics):
+            q = torch.cat([P @ slot_phases(config, layer, P.device) for layer, bb, P in statics if bb == b])
+            terms.append(torch.prod(1.0 - q, dim=0).mean())  # q: [L*HKV, S]
+        return _mean(terms)

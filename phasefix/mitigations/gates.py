@@ -1,0 +1,115 @@
+"""Static gate statistics: what the mitigations constrain and what every mitigated run logs (science.md §5).
+
+The static gate distribution of a layer, branch and KV head is the gate distribution averaged over the batch and
+over the windows, E[a] in [HKV, W]. Windows with empty slots (the first few, whose slots before position 0 get zero
+weight) are left out: they would bias the average towards the late slots. Its effective number of slots is
+exp(H(E[a])): 1 when the head always reads one slot, W when it spreads evenly.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from phasefix.model.config import ModelConfig
+
+
+def empty_windows(config: ModelConfig, layer: int = 0) -> int:
+    """Leading windows of a layer that have slots before position 0: window j starts at (j+1)S-W-d, so the
+    first (W+d-1)//S of them."""
+    return (config.window + config.grid_offset(layer) - 1) // config.stride
+
+
+def _detect_empty_windows(a: torch.Tensor) -> int:
+    """Without a config: the leading windows whose slot 0 (the earliest) has exactly zero weight for every batch
+    element and head (empty slots are masked with -inf), at most W-1 of them (the most any grid can have)."""
+    empty = (a[:, :, 0, :] == 0).all(dim=2).all(dim=0)  # [N]
+    leading = int(torch.cumprod(empty.to(torch.int64), dim=0).sum())
+    return min(leading, a.shape[2] - 1)
+
+
+def static_gate_distribution(gates: list[dict | None], config: ModelConfig | None = None) -> list[dict]:
+    """E over batch and complete windows of the gate distributions: per layer {branch: [HKV, W]}.
+
+    gates: `model.gates()` (per layer {branch: [B, N, W, HKV]}, None for layers without a compressor).
+    config: the model's config; gives each layer's number of windows with empty slots exactly. Without it they
+    are detected from the zeros of the gate (exact unless the gates put underflowing weight on slot 0).
+    Differentiable; detach for logging. A layer with no window (a sequence shorter than one) gives {}.
+    """
+    out = []
+    for layer, branches in enumerate(gates):
+        static = {}
+        for branch, a in (branches or {}).items():
+            N = a.shape[1]
+            if N == 0:
+                continue
+            skip = empty_windows(config, layer) if config is not None else _detect_empty_windows(a)
+            skip = min(skip, N - 1)  # too short for a complete window: keep the last one
+            static[branch] = a[:, skip:].float().mean(dim=(0, 1)).transpose(0, 1)  # [HKV, W]
+        out.append(static)
+    return out
+
+
+def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Shannon entropy (nats) along `dim`, with 0 log 0 = 0."""
+    return -torch.special.xlogy(p, p).sum(dim)
+
+
+def effective_slots(p: torch.Tensor) -> torch.Tensor:
+    """exp(H(p)) along the last dim: [..., W] -> [...]."""
+    return entropy(p).exp()
+
+
+def slot_phases(config: ModelConfig, layer: int = 0, device=None) -> torch.Tensor:
+    """The phase of every slot of a layer as a one-hot [W, S]: slot i of window j holds token (j+1)S-W-d+i, whose
+    phase is (i-W-d) mod S (= i when W = S and d = 0). `p @ slot_phases(...)` maps slot distributions to phases."""
+    W, S, d = config.window, config.stride, config.grid_offset(layer)
+    phase = (torch.arange(W, device=device) - W - d) % S
+    return torch.nn.functional.one_hot(phase, S).float()
+
+
+def gate_heatmap(static: list[dict], title: str | None = None):
+    """One heatmap per layer and branch: KV heads x slots, the static gate weight in each cell, each head's
+    effective number of slots in its row label. Returns a matplotlib Figure (Agg canvas, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = [(layer, branch, p.detach().float().cpu()) for layer, branches in enumerate(static)
+              for branch, p in branches.items()]
+    branch_names = sorted({b for _, b, _ in panels}, key=lambda b: (b != "key", b))
+    layers = sorted({layer for layer, _, _ in panels})
+    nrows, ncols = max(1, len(layers)), max(1, len(branch_names))
+    W = max((p.shape[1] for _, _, p in panels), default=1)
+    H = max((p.shape[0] for _, _, p in panels), default=1)
+    fig = Figure(figsize=(1.2 + 0.55 * W * ncols + 1.0 * ncols, 0.8 + (0.35 * H + 0.6) * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    image = None
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for layer, branch, p in panels:
+        ax = axes[layers.index(layer), branch_names.index(branch)]
+        ax.set_axis_on()
+        image = ax.imshow(p.numpy(), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        eff = effective_slots(p)
+        ax.set_yticks(range(p.shape[0]), [f"h{h} ({float(eff[h]):.1f})" for h in range(p.shape[0])])
+        ax.set_xticks(range(p.shape[1]))
+        ax.set_title(f"layer {layer} {branch}", fontsize=9)
+        ax.set_xlabel("slot")
+        for h in range(p.shape[0]):
+            for i in range(p.shape[1]):
+                v = float(p[h, i])
+                ax.text(i, h, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if v > 0.6 else "white")
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.8, label="E[a] (effective slots in row labels)")
+    fig.suptitle(title or "static gate distribution per KV head")
+    return fig
+
+
+__all__ = ["effective_slots", "empty_windows", "entropy", "gate_heatmap", "slot_phases", "static_gate_distribution"]
+
+
+def normalised_entropy(p: torch.Tensor) -> torch.Tensor:
+    """H(p) / log(n) along the last dim (1 for uniform, 0 for one-hot)."""
+    return entropy(p) / math.log(p.shape[-1])
