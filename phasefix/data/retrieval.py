@@ -7,8 +7,9 @@ One sequence (all positions 0-based, total filler always ``max_prefix_pad`` so t
 
 Every demonstration is a query: ``labels[t]`` at a demonstration's key position t is that record's value (the token
 at t+1); all other labels are -100. Many queries per sequence is what lets a tiny model learn the lookup in minutes.
-The prefix p is uniform on 0..max_prefix_pad (default 23, so p mod 24 and thus the records' phase mod every stride
-dividing 24 is exactly uniform). With probability ``in_sequence_prob`` the remaining filler is spread over the gaps
+The prefix p is uniform on 0..max_prefix_pad (default 71 = 3 * 24 - 1, so p mod 24, and thus the records' phase
+modulo every stride dividing 24, is exactly uniform; and 71 covers the filler of the default phase evaluation for 16
+records, whose max_pad is 65). With probability ``in_sequence_prob`` the remaining filler is spread over the gaps
 after each record (multinomially) instead of sitting in one block after the last record, so the model also sees
 records that do not move in lockstep.
 """
@@ -43,7 +44,7 @@ class RetrievalConfig:
     num_values: int = 32
     num_demos: int = 15
     num_filler: int = 16
-    max_prefix_pad: int = 23
+    max_prefix_pad: int = 71
     in_sequence_prob: float = 0.5
     seq_len: int | None = None  # None: the minimum, 1 + max_prefix_pad + 2 * (num_records + num_demos)
     num_train: int = 100_000
