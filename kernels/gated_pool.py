@@ -44,7 +44,8 @@ def _gated_pool_fwd_kernel(
     b_m = tl.max(b_s, axis=0)  # [BD] or [1]
     b_m = tl.where(b_m == float("-inf"), 0., b_m)
     b_e = tl.exp(b_s - b_m[None, :])  # [BW, BD|1]
-    b_a = b_e / tl.sum(b_e, axis=0)[None, :]  # [BW, BD|1]
+    b_z = tl.sum(b_e, axis=0)  # [BD] or [1]; zero only in padded channels
+    b_a = b_e / tl.where(b_z == 0., 1., b_z)[None, :]  # [BW, BD|1]
     b_o = tl.sum(b_a * b_p, axis=0)  # [BD]
     tl.store(o_ptr + (i_n * HKV + i_h) * D + o_d, b_o.to(o_ptr.dtype.element_ty), mask=m_d)
 
@@ -78,7 +79,8 @@ def _gated_pool_bwd_kernel(
     b_m = tl.max(b_s, axis=0)
     b_m = tl.where(b_m == float("-inf"), 0., b_m)
     b_e = tl.exp(b_s - b_m[None, :])
-    b_a = b_e / tl.sum(b_e, axis=0)[None, :]  # [BW, BD|1]
+    b_z = tl.sum(b_e, axis=0)
+    b_a = b_e / tl.where(b_z == 0., 1., b_z)[None, :]  # [BW, BD|1]
     b_o = tl.sum(b_a * b_p, axis=0)  # [BD]
     # dP = a * dO;  dS = a * dO * (P - O)  (per channel), summed over channels for a scalar gate
     b_dp = b_a * b_do[None, :]  # [BW, BD]

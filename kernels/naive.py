@@ -1,0 +1,55 @@
+"""Dense, readable oracles of the two kernels (fla's `naive.py` beside the kernel), torch only.
+
+They build the full [T, T + N] visibility mask and never downcast float64, so in float64 they are the ground truth
+the tests hold both the Triton kernels and `phasefix.model.compression` (the model's reference path) to.
+Memory is O(T^2): for tests and small checks only.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def naive_gated_pool(payload: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+    """payload [B, N, W, HKV, D], gate_logits [B, N, W, HKV, 1|D] (-inf: empty slot) -> [B, N, HKV, D]."""
+    acc = _acc(payload.dtype)
+    a = torch.softmax(gate_logits.to(acc), dim=2)  # [B, N, W, HKV, 1|D]
+    return (a * payload.to(acc)).sum(dim=2).to(payload.dtype)
+
+
+def visibility(T: int, N: int, stride: int, local_window: int = 16, local_memory: str = "window",
+               grid_offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean masks of what each query sees: raw keys [T, T] and compressed entries [T, N]."""
+    t = torch.arange(T, device=device)[:, None]  # [T, 1]
+    s = torch.arange(T, device=device)[None, :]  # [1, T]
+    n_vis = torch.div(t + 1 + grid_offset, stride, rounding_mode="floor")  # [T, 1]
+    if local_memory == "window":
+        raw = (s <= t) & (s > t - local_window)
+    elif local_memory == "tail":
+        raw = (s <= t) & (s >= (n_vis * stride - grid_offset).clamp(min=0))
+    else:
+        raise ValueError(f"local_memory must be 'window' or 'tail', got {local_memory!r}")
+    cmp = torch.arange(N, device=device)[None, :] < n_vis  # [T, N]
+    return raw, cmp
+
+
+def naive_compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window=16, local_memory="window", sink=None,
+                               scale=None, grid_offset=0, query_block=256):
+    """Same contract as `kernels.compressed_attention`, computed densely: q [B,T,H,D] -> [B,T,H,D]."""
+    B, T, H, D = q.shape
+    HKV, N = k.shape[2], k_cmp.shape[1]
+    G = H // HKV
+    acc = _acc(q.dtype)
+    scale = D ** -0.5 if scale is None else scale
+    raw, cmp = visibility(T, N, stride, local_window, local_memory, grid_offset, q.device)
+    keys = torch.cat([k, k_cmp], dim=1).to(acc).repeat_interleave(G, dim=2)  # [B, T+N, H, D]
+    vals = torch.cat([v, v_cmp], dim=1).to(acc).repeat_interleave(G, dim=2)  # [B, T+N, H, D]
+    s = torch.einsum("bthd,bshd->bhts", q.to(acc), keys) * scale  # [B, H, T, T+N]
+    s = s.masked_fill(~torch.cat([raw, cmp], dim=1), float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.to(acc).view(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., : T + N]  # the sink's value is zero
+    return torch.einsum("bhts,bshd->bthd", p, vals).to(q.dtype)
