@@ -9,12 +9,14 @@
     acc_gap                    best - worst
     wilson_low, wilson_high    [period] Wilson score interval per group (level ``ci``), nan where empty
     worst_ci, gap_ci           [2] cluster-bootstrap percentile interval (level ``ci``) of worst and gap
-    period_detected            smallest divisor p >= 2 of period with shift_difference(p) <= tol * gap
-                               (period itself if none; 1 for a perfectly flat curve)
+    period_detected            smallest divisor p >= 2 of period with shift_difference(p) <= period_tol times
+                               the mean |A(r) - A(s)| over pairs r != s (period if none, 1 if flat); see
+                               detect_period
     fold_stride                S = the fold_stride given, else period_detected
     folded [S]                 accuracy pooled over residues congruent mod S (sum correct / sum count)
     periodicity                shift_difference(S) = mean over r of |A(r) - A((r + S) mod period)|
-    periodicity_ratio          periodicity / gap (small: the curve repeats with period S; nan when the gap is 0)
+    periodicity_ratio          periodicity / gap (small: the curve repeats with period S; nan when the gap is 0;
+                               trivially 0 when S = period, i.e. when no shorter period was found)
 """
 from __future__ import annotations
 
@@ -100,17 +102,23 @@ def shift_difference(curve: np.ndarray, shift: int) -> float:
         return float(np.nanmean(diff))
 
 
-def detect_period(curve: np.ndarray, tol: float = 0.25) -> int:
-    """Smallest divisor p >= 2 of len(curve) whose shift difference is at most tol times the gap; len(curve) if
-    none, 1 if the curve is flat. Divisors only: a period-p pattern measured modulo `period` repeats exactly when
-    p divides period, and the smallest qualifying divisor is the fundamental period (multiples repeat too)."""
+def detect_period(curve: np.ndarray, tol: float = 0.5) -> int:
+    """The dominant period of an accuracy curve over residues 0..period-1.
+
+    The smallest divisor p >= 2 of period whose shift difference is at most ``tol`` times the curve's mean
+    absolute difference between any two residues (what a shift by a non-period gives on average); period itself
+    if no divisor qualifies; 1 if the curve is flat. Divisors only: a pattern of period p measured modulo period
+    repeats exactly only when p divides period, and multiples of the fundamental period qualify too. Comparing
+    against the mean pairwise difference rather than the gap keeps a single weak phase from passing as period 2.
+    """
     period = curve.size
     with _quiet_nan_warnings():
-        gap = np.nanmax(curve) - np.nanmin(curve)
-    if not gap > 0:
-        return 1
+        if not np.nanmax(curve) - np.nanmin(curve) > 0:
+            return 1
+        pairwise = np.abs(curve[:, None] - curve[None, :])[~np.eye(period, dtype=bool)]
+        typical = np.nanmean(pairwise)
     for p in range(2, period):
-        if period % p == 0 and shift_difference(curve, p) <= tol * gap:
+        if period % p == 0 and shift_difference(curve, p) <= tol * typical:
             return p
     return period
 
@@ -141,7 +149,7 @@ class PhaseAccuracy(Metric):
     higher_is_better = True
 
     def __init__(self, period: int, fold_stride: int | None = None, n_boot: int = 2000, ci: float = 0.95,
-                 seed: int = 0, period_tol: float = 0.25, **kwargs):
+                 seed: int = 0, period_tol: float = 0.5, **kwargs):
         super().__init__(**kwargs)
         check(isinstance(period, int) and period >= 1, "metric.period", period, "must be an integer >= 1")
         check(fold_stride is None or (isinstance(fold_stride, int) and fold_stride >= 1 and period % fold_stride == 0),
@@ -163,9 +171,12 @@ class PhaseAccuracy(Metric):
         if residue.numel() and (residue.min() < 0 or residue.max() >= self.period):
             raise ConfigError(f"residue={residue.min().item()}..{residue.max().item()} is invalid: "
                               f"must be in [0, {self.period})")
-        cluster = torch.full_like(residue, -1) if cluster is None else torch.as_tensor(cluster).reshape(-1)
-        if cluster.numel() and cluster.min() < 0:
-            raise ConfigError(f"cluster={cluster.min().item()} is invalid: cluster ids must be >= 0")
+        if cluster is not None:
+            cluster = torch.as_tensor(cluster).reshape(-1)
+            if cluster.numel() and cluster.min() < 0:
+                raise ConfigError(f"cluster={cluster.min().item()} is invalid: cluster ids must be >= 0")
+        else:
+            cluster = torch.full_like(residue, -1)  # marks singletons, numbered in compute()
         self.correct.append(correct.to(self.device, torch.float64))
         self.residue.append(residue.to(self.device, torch.int64))
         self.cluster.append(cluster.to(self.device, torch.int64))
