@@ -181,7 +181,7 @@ def test_kv_lookup_exact_moments_and_trained_sizes():
 
 @pytest.mark.parametrize("per_residue", [24, 96, 130])
 def test_moment_tolerances(per_residue):
-    pos = balanced_positions(1, 150, 24, per_residue, np.random.default_rng(0))
+    pos = balanced_positions(1, 150, 24, per_residue)
     assert pos.shape == (24, per_residue)
     assert (pos % 24 == np.arange(24)[:, None]).all() and pos.min() >= 1 and pos.max() <= 150
     means, stds = pos.mean(axis=1), pos.std(axis=1)
@@ -192,7 +192,7 @@ def test_moment_tolerances(per_residue):
 
 
 def test_exact_moments_at_period_squared():
-    pos = balanced_positions(1, 150, 24, 576, np.random.default_rng(1))
+    pos = balanced_positions(1, 150, 24, 576)
     assert len({int(s) for s in pos.sum(axis=1)}) == 1
     assert len({int(s) for s in (pos.astype(np.int64) ** 2).sum(axis=1)}) == 1
 

@@ -114,7 +114,7 @@ class _TaskSpec:
 
     def build(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         P, n, R, D, G = self.period, self.per_residue, self.R, self.D, self.G
-        positions = balanced_positions(self.lo, self.hi, P, n, rng)
+        positions = balanced_positions(self.lo, self.hi, P, n)
         # Which of group r's positions cluster c gets: a random matching, so clusters and positions are unrelated.
         placement = np.stack([rng.permutation(positions[r]) for r in range(P)], axis=1)  # [n clusters, P]
         ids = np.empty((n * P, self.length), dtype=np.int32)
@@ -163,7 +163,7 @@ class _TaskSpec:
         return ids, records[0, self.key_len]
 
 
-def balanced_positions(lo: int, hi: int, period: int, n: int, rng: np.random.Generator) -> np.ndarray:
+def balanced_positions(lo: int, hi: int, period: int, n: int) -> np.ndarray:
     """Target positions [period, n] in [lo, hi], row r all congruent to r mod period, with matched moments.
 
     Row r is period * a + r for an integer multiset {a}, so its sum is n*r mod period: the row means can be equal
@@ -172,7 +172,7 @@ def balanced_positions(lo: int, hi: int, period: int, n: int, rng: np.random.Gen
     of period**2 always suffices (576 for period 24); n = period generally cannot (period 2: {0, 2} vs {1, 3}...).
     We search the common sum and variance for the best equalisation, which is exact whenever this search can reach
     it, and otherwise leaves each row within one step of sum a**2 (variance within period**2 / n tokens**2).
-    Rows start from an even spread over the window, so no row is oddly shaped.
+    Rows start from an even spread over the window, so no row is oddly shaped. Deterministic (no randomness).
     """
     P = period
     # A template with the uniform spread of the window, trimmed by P/2 so rounding to a row stays inside.
