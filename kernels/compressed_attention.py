@@ -315,12 +315,16 @@ def _config(D: int, dtype: torch.dtype):
     return acc, prec, max(16, triton.next_power_of_2(D))
 
 
-def _blocks(block_m: int | None, block_n: int | None, BD: int, T: int):
-    if block_m is None:
-        block_m = 64 if BD <= 128 else 32
-    if block_n is None:
-        block_n = 64 if BD <= 128 else 32
-    return block_m, block_n
+def _launch(kind: str, BD: int, block_m: int | None, block_n: int | None):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of one kernel; BLOCK_M tiles queries, BLOCK_N keys.
+
+    For head dim 128 on sm_90 these are the largest tiles that ptxas fits without (fwd, dq) or with little (dkdv)
+    register spilling, checked by compiling ahead of time; not yet tuned on a device."""
+    if BD <= 64:
+        cfg = (64, 64, 4, 2)
+    else:
+        cfg = {"fwd": (128, 64, 8, 2), "dq": (64, 32, 8, 2), "dkdv": (32, 64, 8, 2)}[kind]
+    return (block_m or cfg[0], block_n or cfg[1], cfg[2], cfg[3])
 
 
 def attention_fwd(q, k, v, k_cmp, v_cmp, sink, *, stride, local_window, local_memory, scale, grid_offset,
@@ -328,7 +332,7 @@ def attention_fwd(q, k, v, k_cmp, v_cmp, sink, *, stride, local_window, local_me
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]
     acc, prec, BD = _config(D, q.dtype)
-    BM, BN = _blocks(block_m, block_n, BD, T)
+    BM, BN, warps, stages = _launch("fwd", BD, block_m, block_n)
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, device=q.device, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     if B * T * H == 0:
@@ -339,8 +343,7 @@ def attention_fwd(q, k, v, k_cmp, v_cmp, sink, *, stride, local_window, local_me
         q, k, v, k_cmp, v_cmp, sink if sink is not None else q, o, lse,
         T, N, H, HKV, D, L, stride, grid_offset, scale * LOG2E,
         RAW=_RAW_WINDOW if local_memory == "window" else _RAW_TAIL, HAS_SINK=sink is not None,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec,
-        num_warps=4 if BD <= 64 else 8, num_stages=2,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=stages,
     )
     return o, lse
 
@@ -350,31 +353,32 @@ def attention_bwd(q, k, v, k_cmp, v_cmp, sink, o, lse, do, *, stride, local_wind
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]
     acc, prec, BD = _config(D, q.dtype)
-    BM, BN = _blocks(block_m, block_n, BD, T)
     L = local_window if local_memory == "window" else stride
     raw = _RAW_WINDOW if local_memory == "window" else _RAW_TAIL
     delta = (o.to(lse.dtype) * do.to(lse.dtype)).sum(-1).transpose(1, 2).contiguous()  # [B, H, T]
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dkc, dvc = torch.empty_like(k_cmp), torch.empty_like(v_cmp)
-    warps = 4 if BD <= 64 else 8
     if B * T * H > 0:
+        BM, BN, warps, stages = _launch("dq", BD, block_m, block_n)
         _bwd_dq_kernel[(triton.cdiv(T, BM), B * H)](
             q, k, v, k_cmp, v_cmp, do, lse, delta, dq,
             T, N, H, HKV, D, L, stride, grid_offset, scale * LOG2E, scale,
-            RAW=raw, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=2,
+            RAW=raw, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=stages,
         )
+        BM, BN, warps, stages = _launch("dkdv", BD, block_m, block_n)
         _bwd_dkdv_kernel[(triton.cdiv(T, BN), B * HKV)](
             q, k, v, do, lse, delta, dk, dv,
             T, T, H, HKV, D, L, stride, grid_offset, scale * LOG2E, scale,
-            MODE=raw, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=2,
+            MODE=raw, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=stages,
         )
     else:
         dq.zero_(), dk.zero_(), dv.zero_()
     if B * N * HKV > 0 and T > 0:
+        BM, BN, warps, stages = _launch("dkdv", BD, block_m, block_n)
         _bwd_dkdv_kernel[(triton.cdiv(N, BN), B * HKV)](
             q, k_cmp, v_cmp, do, lse, delta, dkc, dvc,
             T, N, H, HKV, D, L, stride, grid_offset, scale * LOG2E, scale,
-            MODE=_CMP, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=2,
+            MODE=_CMP, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, ACC=acc, PREC=prec, num_warps=warps, num_stages=stages,
         )
     else:
         dkc.zero_(), dvc.zero_()
