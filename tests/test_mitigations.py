@@ -1,0 +1,383 @@
+"""Mitigations: each loss on hand-built gate distributions, a few optimiser steps spreading collapsed gates, the
+hard gate-diversity parametrisation under adversarial parameters, the controls, composition and the configs."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from phasefix.errors import ConfigError
+from phasefix.mitigations import REGISTRY, build_mitigations, gate_heatmap, static_gate_distribution
+from phasefix.mitigations.gate_losses import slot_assignment
+from phasefix.mitigations.gates import effective_slots, empty_windows, slot_phases
+from phasefix.model import CompressedQwen3, ModelConfig
+from phasefix.paths import CONF_DIR
+
+GATE_LOSSES = ("gate_diversity", "head_coord", "layer_coord")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def fake(cfg: ModelConfig):
+    """Stands in for the model: the losses only read `config`."""
+    return SimpleNamespace(config=cfg)
+
+
+def gates_from(static_per_layer, N=5, B=2, garbage_windows=()):
+    """Per layer {"key": [B, N, W, HKV]} whose every window equals the given [HKV, W] distribution; windows listed
+    in garbage_windows[layer] hold all mass on the last slot (they must be excluded as incomplete)."""
+    out = []
+    for layer, P in enumerate(static_per_layer):
+        P = torch.as_tensor(P, dtype=torch.float32)
+        a = P.T[None, None].expand(B, N, *P.T.shape).clone()  # [B, N, W, HKV]
+        for j in (garbage_windows[layer] if layer < len(garbage_windows) else ()):
+            a[:, j] = 0.0
+            a[:, j, -1] = 1.0
+        out.append({"key": a})
+    return out
+
+
+def term(name, cfg, gates, **opts):
+    (m,) = build_mitigations({name: {"weight": 1.0, **opts}})
+    m.configure_model(cfg)
+    return float(m.loss(fake(cfg), gates)[name])
+
+
+ONE_HOT = torch.eye(4)
+UNIFORM = torch.full((4,), 0.25)
+
+
+# ------------------------------------------------------------------------------------------------ losses by hand
+def test_gate_diversity_soft_by_hand():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    # the heads together cover every slot: mean is uniform -> 0
+    assert term("gate_diversity", cfg, gates_from([[[.5, .5, 0, 0], [0, 0, .5, .5]]])) == pytest.approx(0, abs=1e-6)
+    # disjoint one-hot heads cover 2 of 4 slots: 1 - log 2 / log 4 = 0.5
+    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 2]]])) == pytest.approx(0.5, abs=1e-6)
+    # collided on slot 0: 1
+    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 0]]])) == pytest.approx(1.0, abs=1e-6)
+    cfg4 = ModelConfig(window=4, stride=4, num_kv_heads=4, num_heads=4, num_layers=1)
+    assert term("gate_diversity", cfg4, gates_from([ONE_HOT])) == pytest.approx(0, abs=1e-6)
+    assert term("gate_diversity", cfg4, gates_from([ONE_HOT[[0, 1, 1, 0]]])) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_head_coord_by_hand():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    assert term("head_coord", cfg, gates_from([ONE_HOT[[0, 3]]])) == pytest.approx(0, abs=1e-6)  # disjoint
+    assert term("head_coord", cfg, gates_from([ONE_HOT[[1, 1]]])) == pytest.approx(1.0)  # collided
+    assert term("head_coord", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0.25)  # 1/S
+    # half overlap: <[.5,.5,0,0], [0,.5,.5,0]> = 0.25
+    assert term("head_coord", cfg, gates_from([[[.5, .5, 0, 0], [0, .5, .5, 0]]])) == pytest.approx(0.25)
+    cfg4 = ModelConfig(window=4, stride=4, num_kv_heads=4, num_heads=4, num_layers=1)
+    assert term("head_coord", cfg4, gates_from([ONE_HOT])) == pytest.approx(0, abs=1e-6)
+    # heads {0,0,1,2}: one colliding pair of 12 ordered pairs counted twice -> 2/12
+    assert term("head_coord", cfg4, gates_from([ONE_HOT[[0, 0, 1, 2]]])) == pytest.approx(2 / 12)
+
+
+def test_layer_coord_by_hand():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
+    # layer 0 covers phases 0,1, layer 1 covers 2,3: nothing left uncovered
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[2, 3]]])) == pytest.approx(0, abs=1e-6)
+    # both layers on phases 0,1: phases 2,3 uncovered -> 2/4
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[0, 1]]])) == pytest.approx(0.5)
+    # everything on phase 0: 3/4
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 0]], ONE_HOT[[0, 0]]])) == pytest.approx(0.75)
+    # all uniform: (3/4)^4 per phase
+    u = torch.stack([UNIFORM, UNIFORM])
+    assert term("layer_coord", cfg, gates_from([u, u])) == pytest.approx(0.75**4)
+
+
+def test_layer_coord_maps_slots_to_phases_with_grid_offsets():
+    # layer 1 compresses with offset 2: its slot i holds phase (i - 4 - 2) mod 4 = (i + 2) mod 4
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2, grid_offsets=[0, 2])
+    assert empty_windows(cfg, 0) == 0 and empty_windows(cfg, 1) == 1
+    assert slot_phases(cfg, 1).argmax(1).tolist() == [2, 3, 0, 1]
+    # both layers on slots 0,1 -> phases 0,1 and 2,3: covered. Window 0 of layer 1 is incomplete: garbage ignored.
+    gates = gates_from([ONE_HOT[[0, 1]], ONE_HOT[[0, 1]]], garbage_windows=[(), (0,)])
+    assert term("layer_coord", cfg, gates) == pytest.approx(0, abs=1e-6)
+    # W8/S4: slots i and i+4 hold the same phase (i - 8) mod 4 = i mod 4
+    cfg84 = ModelConfig(window=8, stride=4, num_kv_heads=2, num_layers=1)
+    assert slot_phases(cfg84, 0).argmax(1).tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    eye8 = torch.eye(8)
+    assert term("head_coord", cfg84, gates_from([eye8[[1, 5]]])) == pytest.approx(1.0)  # same phase: collide
+
+
+def test_static_excludes_incomplete_windows_with_and_without_config():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2, grid_offsets=[0, 2])
+    model = CompressedQwen3(cfg)
+    model(torch.randint(0, cfg.vocab_size, (2, 30)), collect_gates=True)
+    gates = model.gates()
+    a1 = gates[1]["key"]
+    assert (a1[:, 0, :2] == 0).all()  # layer 1's first window has two empty slots
+    with_cfg = static_gate_distribution(gates, cfg)
+    detected = static_gate_distribution(gates)
+    for layer in range(2):
+        for b in ("key", "value"):
+            assert with_cfg[layer][b].shape == (2, 4)
+            torch.testing.assert_close(with_cfg[layer][b], detected[layer][b])
+    torch.testing.assert_close(with_cfg[1]["key"], a1[:, 1:].mean((0, 1)).T)
+    assert torch.allclose(effective_slots(torch.eye(3)), torch.ones(3))
+    assert float(effective_slots(torch.full((5,), 0.2))) == pytest.approx(5.0)
+
+
+# ------------------------------------------------------------------------------------------------ optimisation
+def collapse(model, slot=0, value=4.0):
+    with torch.no_grad():
+        for comp in model.compressors():
+            for b in comp.branches:
+                comp.get_parameter(f"{b}_gate_bias")[slot] = value
+
+
+def layer_coverage(model, ids, cfg):
+    """Effective number of slots of the mean over heads of each layer's static key gate."""
+    with torch.no_grad():
+        model(ids, collect_gates=True)
+        static = static_gate_distribution(model.gates(), cfg)
+    return [float(effective_slots(s["key"].mean(0))) for s in static]
+
+
+@pytest.mark.parametrize("name", GATE_LOSSES)
+def test_optimising_the_loss_alone_spreads_collapsed_gates(name):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_name("tiny")
+    (m,) = build_mitigations({name: {"weight": 1.0}})
+    cfg = m.configure_model(cfg)
+    model = CompressedQwen3(cfg)
+    m.setup(model)
+    collapse(model)
+    ids = torch.randint(0, cfg.vocab_size, (2, 32))
+    before = layer_coverage(model, ids, cfg)
+    assert max(before) < 1.4  # both heads of every layer sit on slot 0
+    biases = [p for n, p in model.named_parameters() if n.endswith("key_gate_bias")]
+    opt = torch.optim.Adam(biases, lr=0.3)
+    first = None
+    for _ in range(15):
+        model(ids, collect_gates=True)
+        loss = m.loss(model, model.gates())[name]
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in biases)
+        opt.step()
+    after = layer_coverage(model, ids, cfg)
+    assert float(loss) < first
+    assert all(a > b + 1.0 for a, b in zip(after, before)), (before, after)
+
+
+# ------------------------------------------------------------------------------------------------ hard parametrisation
+def test_slot_assignment_layouts():
+    assert slot_assignment(4, 2, "block").int().T.tolist() == [[1, 1, 0, 0], [0, 0, 1, 1]]
+    assert slot_assignment(4, 2, "interleaved").int().T.tolist() == [[1, 0, 1, 0], [0, 1, 0, 1]]
+    assert slot_assignment(8, 8).int().T.tolist() == torch.eye(8, dtype=torch.int).tolist()
+    many = slot_assignment(4, 8)  # more heads than slots: two heads per slot
+    assert many.sum(0).tolist() == [1] * 8 and many.sum(1).tolist() == [2] * 4
+    for W, H in [(4, 1), (4, 3), (8, 3), (12, 5), (6, 4)]:
+        a = slot_assignment(W, H)
+        assert a.any(1).all() and a.any(0).all() and (a.sum(1) == 1).all()  # every slot covered, once
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(window=8, stride=4), dict(window=8, stride=8, num_kv_heads=4),
+                                       dict(gate="vector"), dict(grid_offsets=[0, 3])])
+def test_hard_gate_diversity_cannot_collapse(overrides):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_name("tiny", **overrides)
+    (m,) = build_mitigations({"gate_diversity": {"mode": "hard", "branch": "both"}})
+    assert not m.needs_gates and m.loss(None, []) == {}
+    cfg = m.configure_model(cfg)
+    model = CompressedQwen3(cfg)
+    m.setup(model)
+    # adversarial parameters: huge biases pushing every head to slot 0, huge gate weights
+    with torch.no_grad():
+        for comp in model.compressors():
+            for b in comp.branches:
+                comp.get_parameter(f"{b}_gate_bias")[0] = 1e4
+                comp.get_parameter(f"{b}_gate").mul_(1e3)
+    ids = torch.randint(0, cfg.vocab_size, (3, 64))
+    logits = model(ids, collect_gates=True)
+    assert torch.isfinite(logits).all()
+    W, HKV = cfg.window, cfg.num_kv_heads
+    key_mask = slot_assignment(W, HKV).T  # [HKV, W]
+    for static in static_gate_distribution(model.gates(), cfg):
+        for b, mask in (("key", key_mask), ("value", key_mask.roll(1, dims=1))):
+            P = static[b]
+            assert (P[~mask] == 0).all()  # nothing outside each head's own slots
+            torch.testing.assert_close(P.sum(1), torch.ones(HKV))
+            tops = P.argmax(1).tolist()
+            assert len(set(tops)) == HKV  # distinct preferred slots
+            assert all(mask[h, tops[h]] for h in range(HKV))
+
+
+def test_hard_gate_diversity_freeze_bias_and_strength():
+    cfg = ModelConfig.from_name("tiny")
+    (m,) = build_mitigations({"gate_diversity": {"mode": "hard", "freeze_bias": True, "strength": 3.0}})
+    model = CompressedQwen3(m.configure_model(cfg))
+    with torch.no_grad():
+        model.compressors()[0].key_gate_bias.fill_(1.0)
+    m.setup(model)
+    for comp in model.compressors():
+        assert not comp.key_gate_bias.requires_grad and (comp.key_gate_bias == 0).all()
+        assert comp.value_gate_bias.requires_grad  # branch='key' only
+        assert comp.key_slot_prior.T.tolist() == [[0, 0, -3, -3], [-3, -3, 0, 0]]
+        assert (comp.value_slot_prior == 0).all()
+    # the priors are buffers: they travel with the state dict
+    assert any(k.endswith("key_slot_prior") for k in model.state_dict())
+
+
+# ------------------------------------------------------------------------------------------------ controls
+def test_phase_jitter_shifts_and_keeps_labels_aligned():
+    cfg = ModelConfig.from_name("tiny", stride=8, window=8)
+    for mode in ("pad", "crop"):
+        (m,) = build_mitigations({"phase_jitter": {"mode": mode}})
+        assert m.configure_model(cfg) is cfg and not m.needs_gates
+        B, T = 64, 20
+        ids = torch.arange(20, 40).repeat(B, 1)
+        ids[:, 0] = 0  # BOS
+        labels = torch.where(torch.arange(T) % 3 == 0, ids + 50, torch.full_like(ids, -100))
+        gen = torch.Generator().manual_seed(0)
+        new_ids, new_labels = m.transform_batch(ids, labels, gen)
+        assert new_ids.shape == new_labels.shape == (B, T + 7 if mode == "pad" else T)
+        assert (new_ids[:, 0] == 0).all()
+        shifts = set()
+        for row_ids, row_labels in zip(new_ids, new_labels):
+            filler = (row_ids == 1) & (torch.arange(len(row_ids)) > 0)
+            assert (row_labels[filler] == -100).all()
+            k = int((row_ids[1:] == 1).long().argmin()) if row_ids[1] == 1 else 0  # leading filler after BOS
+            shifts.add(k)
+            kept = row_ids[~filler]
+            n = len(kept)
+            torch.testing.assert_close(kept, ids[0, :n])  # content order kept (crop drops the tail)
+            torch.testing.assert_close(row_labels[~filler], labels[0, :n])
+            assert n == (T if mode == "pad" else T - k)
+        assert shifts == set(range(8))
+    same = build_mitigations({"phase_jitter": {"max_shift": 3}})[0]
+    a = same.transform_batch(ids, labels, torch.Generator().manual_seed(1))
+    b = same.transform_batch(ids, labels, torch.Generator().manual_seed(1))
+    assert torch.equal(a[0], b[0]) and a[0].shape[1] == T + 3
+
+
+def test_staggered_offsets_spread_over_the_stride():
+    (m,) = build_mitigations({"staggered_offsets": None})
+    cfg = m.configure_model(ModelConfig.from_name("tiny"))
+    assert cfg.grid_offsets == [0, 2]
+    assert m.configure_model(ModelConfig.from_name("tiny", num_layers=4, stride=8, window=8)).grid_offsets == \
+        [0, 2, 4, 6]
+    model = CompressedQwen3(cfg)
+    assert [c.grid_offset for c in model.compressors()] == [0, 2]
+    assert torch.isfinite(model(torch.randint(0, 128, (1, 33)))).all()
+    (m2,) = build_mitigations({"staggered_offsets": {"offsets": [1, 3]}})
+    assert m2.configure_model(ModelConfig.from_name("tiny")).grid_offsets == [1, 3]
+    with pytest.raises(ConfigError, match="mitigation.staggered_offsets.offsets"):
+        build_mitigations({"staggered_offsets": {"offsets": [0, 4]}})[0].configure_model(ModelConfig())
+    with pytest.raises(ConfigError, match="grid_offsets"):
+        m.configure_model(ModelConfig(grid_offsets=[1]))
+    with pytest.raises(ConfigError, match="attention"):
+        m.configure_model(ModelConfig(attention="full"))
+
+
+# ------------------------------------------------------------------------------------------------ composition
+def test_composing_two_mitigations_adds_both_terms():
+    torch.manual_seed(0)
+    mits = build_mitigations({"gate_diversity": {"weight": 0.5}, "head_coord": {"weight": 2.0, "branch": "both"}})
+    cfg = ModelConfig.from_name("tiny")
+    for m in mits:
+        cfg = m.configure_model(cfg)
+    model = CompressedQwen3(cfg)
+    for m in mits:
+        m.setup(model)
+    collapse(model)
+    model(torch.randint(0, 128, (2, 40)), collect_gates=True)
+    gates = model.gates()
+    terms = {}
+    for m in mits:
+        terms.update(m.loss(model, gates))
+    assert set(terms) == {"gate_diversity", "head_coord"}
+    alone = {m.name: float(build_mitigations({m.name: {**m.options, "weight": 1.0}})[0].loss(model, gates)[m.name])
+             for m in mits}
+    assert float(terms["gate_diversity"]) == pytest.approx(0.5 * alone["gate_diversity"])
+    assert float(terms["head_coord"]) == pytest.approx(2.0 * alone["head_coord"])
+    assert all(v > 0 and v.requires_grad for v in terms.values())
+
+
+def test_invalid_names_options_and_models_raise_config_errors():
+    assert build_mitigations(None) == [] and build_mitigations({}) == []
+    with pytest.raises(ConfigError, match="mitigation=nope is invalid: allowed values are"):
+        build_mitigations({"nope": {}})
+    with pytest.raises(ConfigError, match=r"mitigation\.gate_diversity\.mode='firm' is invalid"):
+        build_mitigations({"gate_diversity": {"mode": "firm"}})
+    with pytest.raises(ConfigError, match=r"mitigation\.head_coord\.foo is not an option"):
+        build_mitigations({"head_coord": {"foo": 1}})
+    with pytest.raises(ConfigError, match=r"mitigation\.layer_coord\.weight"):
+        build_mitigations({"layer_coord": {"weight": -1}})
+    with pytest.raises(ConfigError, match=r"mitigation\.layer_coord\.branch"):
+        build_mitigations({"layer_coord": {"branch": "query"}})
+    with pytest.raises(ConfigError, match=r"mitigation\.phase_jitter\.max_shift"):
+        build_mitigations({"phase_jitter": {"max_shift": 1.5}})
+    for name in GATE_LOSSES:
+        (m,) = build_mitigations({name: {}})
+        with pytest.raises(ConfigError, match="gate='uniform'"):
+            m.configure_model(ModelConfig(gate="uniform"))
+        with pytest.raises(ConfigError, match="attention='full'"):
+            m.configure_model(ModelConfig(attention="full"))
+    with pytest.raises(ConfigError, match="num_kv_heads=1"):
+        build_mitigations({"head_coord": {}})[0].configure_model(ModelConfig(num_kv_heads=1))
+    with pytest.raises(ConfigError, match="num_kv_heads=1"):
+        build_mitigations({"gate_diversity": {"mode": "hard"}})[0].configure_model(ModelConfig(num_kv_heads=1))
+    with pytest.raises(ConfigError, match="tied_kv"):
+        build_mitigations({"gate_diversity": {"branch": "value"}})[0].configure_model(ModelConfig(tied_kv=True))
+
+
+def test_gate_heatmap(tmp_path):
+    cfg = ModelConfig.from_name("tiny")
+    model = CompressedQwen3(cfg)
+    model(torch.randint(0, 128, (2, 32)), collect_gates=True)
+    fig = gate_heatmap(static_gate_distribution(model.gates(), cfg))
+    assert len([ax for ax in fig.axes if ax.images]) == 4  # 2 layers x (key, value)
+    fig.savefig(tmp_path / "gates.png")
+    assert (tmp_path / "gates.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------ configs
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_yaml_options_equal_the_defaults(name):
+    text = (CONF_DIR / "mitigation" / f"{name}.yaml").read_text()
+    assert text.splitlines()[0] == f"# @package mitigation.{name}"
+    assert yaml.safe_load(text) == REGISTRY[name].defaults
+
+
+def _compose(tmp_path: Path, overrides: list[str]):
+    """Compose the real `fit` config (or, until conf/fit.yaml lands, a minimal primary config that searches
+    conf/ for the real mitigation group)."""
+    from hydra import compose, initialize_config_dir
+
+    if (CONF_DIR / "fit.yaml").exists():
+        import phasefix.config  # noqa: F401  registers the fit_schema structured config
+
+        config_dir, config_name = CONF_DIR, "fit"
+    else:
+        (tmp_path / "fit_min.yaml").write_text(f"hydra:\n  searchpath:\n    - file://{CONF_DIR}\nseed: 0\n")
+        config_dir, config_name = tmp_path, "fit_min"
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_plus_mitigation_composes(name, tmp_path):
+    cfg = _compose(tmp_path, [f"+mitigation={name}"])
+    assert list(cfg.mitigation) == [name]
+    (m,) = build_mitigations(cfg.mitigation)
+    assert m.name == name and m.options == REGISTRY[name].defaults
+
+
+def test_composed_list_and_bad_overrides(tmp_path):
+    cfg = _compose(tmp_path, ["+mitigation=[gate_diversity,head_coord]", "mitigation.head_coord.weight=0.3"])
+    mits = build_mitigations(cfg.mitigation)
+    assert [m.name for m in mits] == ["gate_diversity", "head_coord"] and mits[1].weight == 0.3
+    bad = _compose(tmp_path, ["+mitigation=gate_diversity", "mitigation.gate_diversity.mode=firm"])
+    with pytest.raises(ConfigError, match=r"mitigation\.gate_diversity\.mode"):
+        build_mitigations(bad.mitigation)
+    unknown = _compose(tmp_path, ["+mitigation=layer_coord", "+mitigation.layer_coord.wieght=1"])
+    with pytest.raises(ConfigError, match=r"mitigation\.layer_coord\.wieght"):
+        build_mitigations(unknown.mitigation)
