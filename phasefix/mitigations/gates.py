@@ -7,8 +7,6 @@ exp(H(E[a])): 1 when the head always reads one slot, W when it spreads evenly.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from phasefix.model.config import ModelConfig
@@ -109,7 +107,3 @@ def gate_heatmap(static: list[dict], title: str | None = None):
 
 __all__ = ["effective_slots", "empty_windows", "entropy", "gate_heatmap", "slot_phases", "static_gate_distribution"]
 
-
-def normalised_entropy(p: torch.Tensor) -> torch.Tensor:
-    """H(p) / log(n) along the last dim (1 for uniform, 0 for one-hot)."""
-    return entropy(p) / math.log(p.shape[-1])
