@@ -112,7 +112,7 @@ def validate_eval(e) -> None:
     check(len(e.paddings) >= 1, "eval.paddings", list(e.paddings), "must name at least one padding mode")
     for key in ("period", "per_residue", "val_per_residue", "batch_size"):
         check(getattr(e, key) >= 1, f"eval.{key}", getattr(e, key), "must be >= 1")
-    check(e.n_boot >= 0, "eval.n_boot", e.n_boot, "must be >= 0")
+    check(e.n_boot >= 1, "eval.n_boot", e.n_boot, "must be >= 1")
 
 
 def model_config(cfg: DictConfig) -> ModelConfig:

@@ -62,7 +62,6 @@ def _one_line_hydra_error(e: Exception, overrides: Sequence[str]) -> str:
 
 def plan(cfg: DictConfig) -> dict:
     """Validate everything and build the objects of a run, before any training or MLflow run starts."""
-    from phasefix.data import RetrievalConfig
     from phasefix.mitigations import build_mitigations
 
     model_cfg = C.model_config(cfg)
@@ -72,11 +71,38 @@ def plan(cfg: DictConfig) -> dict:
     C.validate_trainer(cfg.trainer)
     C.validate_optim(cfg.optim)
     C.validate_eval(cfg.eval)
-    data_cfg = RetrievalConfig.from_dict(OmegaConf.to_container(cfg.data, resolve=True))
+    data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     data_cfg.vocab.check_fits(model_cfg.vocab_size)
     check(cfg.eval.period % model_cfg.stride == 0, "eval.period", cfg.eval.period,
           f"must be a multiple of model.stride ({model_cfg.stride}) so residue groups fold onto phases")
+    try:  # the evaluation prompts must fit the trained task: check on a one-prompt-per-residue set
+        from phasefix.data import make_phase_eval
+
+        make_phase_eval("kv_lookup", cfg.eval.paddings[0], period=cfg.eval.period, per_residue=1,
+                        **eval_task_kwargs(data_cfg))
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("max_pad=", "data.max_prefix_pad=").replace("period=", "eval.period=")
+                          .replace("num_", "data.num_")) from None
     return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
+
+
+def data_config(d: dict):
+    import dataclasses
+
+    from phasefix.data import RetrievalConfig
+
+    known = {f.name for f in dataclasses.fields(RetrievalConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"data.{unknown[0]} is not a data key: allowed keys are {', '.join(sorted(known))}")
+    return RetrievalConfig(**d)
+
+
+def eval_task_kwargs(data_cfg) -> dict:
+    """`make_phase_eval` options that evaluate the task the model was trained on (sizes, vocabulary, filler)."""
+    return dict(num_records=data_cfg.num_records, num_demos=min(data_cfg.num_demos, data_cfg.num_records - 1),
+                num_keys=data_cfg.num_keys, num_values=data_cfg.num_values, num_filler=data_cfg.num_filler,
+                max_pad=data_cfg.max_prefix_pad)
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -132,7 +158,7 @@ def fit(cfg: DictConfig) -> dict:
 
     # data first: a broken data config must not leave a half-written run behind
     train_set = make_train_dataset(data_cfg, split="train", seed=cfg.seed).with_format("torch")
-    eval_kwargs = data_cfg.eval_kwargs()
+    eval_kwargs = eval_task_kwargs(data_cfg)
     val_sets = {pad: make_phase_eval("kv_lookup", pad, period=cfg.eval.period,
                                      per_residue=cfg.eval.val_per_residue, seed=cfg.eval.seed + 1,
                                      **eval_kwargs).with_format("torch")
@@ -232,7 +258,7 @@ def _plain(v):
     if isinstance(v, torch.Tensor):
         v = v.tolist()
     if isinstance(v, float):
-        return round(v, 4)
+        return None if v != v else round(v, 4)  # NaN (an empty residue group) -> null in JSON
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
     return v
@@ -248,13 +274,42 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets) -> 
     if model_cfg.compressed and model_cfg.gate != "uniform":
         from phasefix.mitigations.gates import effective_slots, gate_heatmap
 
-        probe = next(iter(val_sets.values()))["input_ids"][:64]
+        probe = next(iter(val_sets.values()))[:64]["input_ids"]
         static = module.static_gates(probe)
         for layer, branches in enumerate(static):
             for branch, prob in branches.items():
                 for h, e in enumerate(effective_slots(prob).tolist()):
                     c.log_metric(run_id, f"gates/L{layer}/{branch}/h{h}/eff_slots", e)
         tracking.log_figure(c, run_id, gate_heatmap(static), "gate_heatmap.png")
+
+
+def resolve_checkpoint(run: str, tracking_uri: str | None = None, which: str = "last") -> Path:
+    """A checkpoint path from a .ckpt path, a run output directory, or an MLflow run id."""
+    path = Path(run).expanduser()
+    if path.is_file():
+        return path.resolve()
+    if path.is_dir():
+        ckpt = path / "checkpoints" / f"{which}.ckpt"
+        check(ckpt.exists(), "run", run, f"the directory holds no checkpoints/{which}.ckpt")
+        return ckpt.resolve()
+    try:
+        out = tracking.client(tracking_uri).get_run(run).data.tags.get("output_dir")
+    except Exception:
+        out = None
+    check(out is not None, "run", run, "must be a .ckpt file, a run output directory or an MLflow run id of a fit")
+    return resolve_checkpoint(out, which=which)
+
+
+def load_checkpoint(run: str, tracking_uri: str | None = None, which: str = "last"):
+    """(PhaseFixModule with the trained weights, its hyper-parameters) from `resolve_checkpoint(run)`;
+    loaded with weights_only=True."""
+    from phasefix.module import PhaseFixModule
+
+    ckpt = torch.load(resolve_checkpoint(run, tracking_uri, which), map_location="cpu", weights_only=True)
+    hp = dict(ckpt["hyper_parameters"])
+    module = PhaseFixModule(**hp)
+    module.load_state_dict(ckpt["state_dict"])
+    return module.eval(), hp
 
 
 def print_summary(summary: dict) -> None:

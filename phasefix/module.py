@@ -37,7 +37,7 @@ class PhaseFixModule(L.LightningModule):
             m.setup(self.model)
         self.needs_gates = any(m.needs_gates for m in self.mitigations)
         self.paddings = tuple(paddings)
-        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=0)
+        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=1)  # intervals only at the end
                                            for _ in self.paddings)
 
     # ---- training ----
@@ -88,6 +88,8 @@ class PhaseFixModule(L.LightningModule):
 
     # ---- validation: phase accuracy per padding ----
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        if batch_idx == 0 and dataloader_idx == 0:
+            self._gate_probe = batch["input_ids"][:64]
         correct = query_correct(self.model, batch)
         self.val_acc[dataloader_idx].update(correct, batch["residue"], batch["cluster"])
 
@@ -115,7 +117,7 @@ class PhaseFixModule(L.LightningModule):
         if input_ids is None:
             input_ids = self._gate_probe
         self.model(input_ids.to(self.device), collect_gates=True)
-        return static_gate_distribution(self.model.gates())
+        return static_gate_distribution(self.model.gates(), self.model_config)
 
 
 @torch.no_grad()

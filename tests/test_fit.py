@@ -1,0 +1,166 @@
+"""`phasefix.fit`: config groups compose, a short end-to-end run logs what it promises, resume, DDP, bad configs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from phasefix.errors import ConfigError
+from phasefix.fit import compose, fit, main
+from phasefix.paths import CONF_DIR, PROJECT_ROOT
+
+# Seconds-long runs: a few steps on a small training set, small evaluation sets.
+FAST = ["trainer.max_steps=24", "trainer.val_every_n_steps=12", "trainer.checkpoint_every_n_steps=8",
+        "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16", "eval.per_residue=2",
+        "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
+
+
+def run_overrides(tmp_path: Path, name: str = "run") -> list[str]:
+    return [f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"output_dir={tmp_path / name}"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+
+
+def group_options():
+    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
+        for option in sorted(group.glob("*.yaml")):
+            yield group.name, option.stem
+
+
+@pytest.mark.parametrize("group,option", list(group_options()), ids=lambda x: str(x))
+def test_every_config_group_composes(group, option):
+    prefix = "+" if group in ("mitigation", "experiment") else ""
+    cfg = compose([f"{prefix}{group}={option}"])
+    assert cfg[group] is not None
+
+
+def test_mitigations_compose_together():
+    cfg = compose(["+mitigation=[gate_diversity,head_coord]"])
+    assert set(cfg.mitigation) == {"gate_diversity", "head_coord"}
+
+
+def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
+    summary = fit(compose(FAST + run_overrides(tmp_path)))
+    out = tmp_path / "run"
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == summary
+    for pad in ("prefix", "in_sequence"):
+        s = summary[pad]
+        assert set(s) >= {"acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "period_detected"}
+        assert len(s["per_residue"]) == 24
+        assert s["acc_gap"] == pytest.approx(s["acc_best"] - s["acc_worst"], abs=1e-3)
+    assert summary["stride"] == 4
+    assert (out / "checkpoints" / "last.ckpt").exists()
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = c.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["stride"] == "4" and run.data.tags["mitigations"] == "none"
+    assert run.data.params["model.window"] == "4"
+    curve = c.get_metric_history(run.info.run_id, "phase_acc/prefix")
+    assert sorted(m.step for m in curve) == list(range(24))
+    assert [m.value for m in sorted(curve, key=lambda m: m.step)] == pytest.approx(summary["prefix"]["per_residue"],
+                                                                                  abs=1e-4)
+    assert c.get_metric_history(run.info.run_id, "train/loss")
+    assert c.get_metric_history(run.info.run_id, "val/prefix/acc_mean")
+    artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"phase_curves.png", "phase_table.csv", "config.yaml", "summary.json", "gate_heatmap.png"} <= artifacts
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+    """Kill a CLI run with SIGKILL right after its first checkpoint, resume it: same final metrics and weights as an
+    uninterrupted run with the same seed, in the same MLflow run."""
+    steps = ["trainer.max_steps=40", "trainer.checkpoint_every_n_steps=10", "eval.n_boot=20"]
+    reference = fit(compose(FAST + steps + run_overrides(tmp_path, "reference")))
+
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "phasefix.fit", *FAST, *steps,
+                             *run_overrides(tmp_path, "killed")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (killed / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists()
+
+    resumed = fit(compose([f"resume={killed}"]))
+    assert resumed["mlflow_run_id"] == json.loads((killed / "run.json").read_text())["mlflow_run_id"]
+    for pad in ("prefix", "in_sequence"):
+        assert resumed[pad]["per_residue"] == pytest.approx(reference[pad]["per_residue"], abs=1e-6)
+    a = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert c.get_run(resumed["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_ddp_on_two_gloo_processes_gives_one_mlflow_run(tmp_path):
+    summary = fit(compose(FAST + ["trainer=ddp_cpu", "trainer.max_steps=6", "trainer.val_every_n_steps=3",
+                                  "trainer.progress_bar=false"] + run_overrides(tmp_path)))
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("phasefix").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_id == summary["mlflow_run_id"]
+    assert runs[0].info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["model.window=2"], "model.window"),
+    (["model.stride=0"], "model.stride"),
+    (["model.gate=softmax"], "model.gate"),
+    (["model=nope"], "model=nope"),
+    (["+mitigation=nope"], "mitigation=nope"),
+    (["model.local_window=-1"], "model.local_window"),
+    (["trainer.max_steps=0"], "trainer.max_steps"),
+    (["optim.lr=-1"], "optim.lr"),
+    (["eval.paddings=[sideways]"], "eval.paddings"),
+    (["data.num_records=0"], "data.num_records"),
+    (["model.stride=abc"], "model.stride"),
+    (["model.vocab_size=16"], "model.vocab_size"),
+])
+def test_bad_config_fails_before_anything_starts(tmp_path, capsys, overrides, key):
+    code = main(overrides + run_overrides(tmp_path))
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and key in err, err
+    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import phasefix.module as module
+
+    real = module.F.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] > 10 else loss
+
+    monkeypatch.setattr(module.F, "cross_entropy", poisoned)
+    with pytest.raises(FloatingPointError, match="train/loss is nan"):
+        fit(compose(FAST + run_overrides(tmp_path)))
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("phasefix").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_unknown_key_is_one_line():
+    with pytest.raises(ConfigError, match="model.foo"):
+        compose(["model.foo=1"])
