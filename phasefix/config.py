@@ -59,6 +59,8 @@ class EvalConfig:
 class LoggerConfig:
     tracking_uri: str | None = None
     experiment_name: str = "phasefix"
+    parent_run_id: str | None = None  # nests the run under a parent (a study's run)
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow tags
 
 
 @dataclass

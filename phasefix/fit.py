@@ -132,8 +132,10 @@ def find_resume(resume: str) -> tuple[Path, Path]:
 
 
 # ------------------------------------------------------------------------------------------------ fit
-def fit(cfg: DictConfig) -> dict:
-    """Train, evaluate by phase (both paddings), log to MLflow; return the summary (also in summary.json)."""
+def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
+    """Train, evaluate by phase (both paddings), log to MLflow; return the summary (also in summary.json).
+
+    `callbacks`: extra Lightning callbacks (e.g. a study's pruner reading `val/<padding>/acc_*`)."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
@@ -174,7 +176,9 @@ def fit(cfg: DictConfig) -> dict:
         run = c.create_run(exp_id, run_name=run_name(cfg), tags={
             "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
             "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
-            "git_commit": tracking.git_commit(), "phasefix.kind": "fit", "output_dir": str(out_dir)})
+            "git_commit": tracking.git_commit(), "phasefix.kind": "fit", "output_dir": str(out_dir),
+            **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
+            **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
         run_id = run.info.run_id
         tracking.log_params(c, run_id, resolved)
         c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
@@ -204,6 +208,7 @@ def fit(cfg: DictConfig) -> dict:
                             every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
             ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=f"val/{cfg.eval.paddings[0]}/acc_mean",
                             mode="max", save_top_k=1, auto_insert_metric_name=False),
+            *callbacks,
         ]
         trainer = L.Trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, strategy=cfg.trainer.strategy,
