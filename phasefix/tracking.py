@@ -167,3 +167,17 @@ def write_json(path, obj) -> None:
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def log_metric_values(c: MlflowClient, run_id: str, scalars: Mapping[str, float],
+                      curves: Mapping[str, "Sequence[float]"] = {}, step: int = 0) -> None:
+    """Scalars at `step` and curves with step = index (e.g. residue), skipping nan; batched (phasefix.analyze)."""
+    from mlflow.entities import Metric
+    import time
+
+    ts = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), ts, step) for k, v in scalars.items() if not math.isnan(float(v))]
+    metrics += [Metric(k, float(v), ts, i) for k, values in curves.items() for i, v in enumerate(values)
+                if not math.isnan(float(v))]
+    for i in range(0, len(metrics), 500):
+        c.log_batch(run_id, metrics=metrics[i:i + 500])

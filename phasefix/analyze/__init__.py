@@ -1,0 +1,239 @@
+"""Mechanism tools (science.md §5; docs/mechanism.md): `python -m phasefix.analyze TOOL run=<run> [key=value ...]`.
+
+TOOL is one of `knockout`, `gates`, `cycle`, `period`. Every tool loads the run's checkpoint, rebuilds the
+phase-controlled evaluation task the model was trained on (from the run's `config.yaml`), prints a table and logs
+metrics `analyze/<tool>/<padding>/...` and a figure `analyze/<tool>.png` (`analyze/<tool>-<padding>.png` for
+paddings other than prefix) into the same MLflow run.
+
+This module holds what the tools share: the run context (`load_run`), the options (`OPTIONS`, `parse_options`),
+evaluation sets and per-prompt correctness (`eval_set`, `predict_correct`), accuracy by residue and by phase.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from phasefix.errors import ConfigError, check
+
+TOOLS = ("knockout", "gates", "cycle", "period")
+
+# key -> (default, parser, help). `None` defaults are filled from the run (eval seed) or left unset.
+OPTIONS: dict[str, tuple] = {
+    "run": (None, str, "MLflow run id, run output directory or .ckpt path (required)"),
+    "tracking_uri": (None, str, "MLflow tracking URI (default: the run's, else MLFLOW_TRACKING_URI/the project's)"),
+    "which": ("last", str, "checkpoint of a run directory / run id: last or best"),
+    "padding": ("prefix", str, "prefix, in_sequence or both"),
+    "per_residue": (24, int, "prompts per residue group"),
+    "seed": (None, int, "evaluation seed (default: the run's eval.seed)"),
+    "calib_seed": (None, int, "knockout: seed of the calibration set (default: seed + 2, disjoint prompts)"),
+    "batch_size": (128, int, "prompts per forward pass"),
+    "n_boot": (500, int, "cluster-bootstrap replicates (cycle, period)"),
+    "shifts": ("-3..3", str, "cycle: gate shifts d, as 'a..b' or 'a,b,c'"),
+    "max_prompts": (512, int, "gates: prompts the gate statistics average over"),
+    "log": (True, bool, "log metrics and the figure into the MLflow run"),
+    "threads": (None, int, "torch threads (default: torch's)"),
+}
+
+
+def _parse_bool(v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(v)
+
+
+def parse_options(args: Sequence[str]) -> dict:
+    """`key=value` arguments -> options with defaults; ConfigError on an unknown key or a bad value."""
+    opts = {k: d for k, (d, _, _) in OPTIONS.items()}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise ConfigError(f"argument {arg!r} is invalid: expected key=value with key in {', '.join(OPTIONS)}")
+        if key not in OPTIONS:
+            raise ConfigError(f"{key} is not an option: allowed keys are {', '.join(OPTIONS)}")
+        kind = OPTIONS[key][1]
+        try:
+            opts[key] = _parse_bool(value) if kind is bool else kind(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} is invalid: must be {kind.__name__}") from None
+    check(opts["run"] is not None, "run", None, "is required: an MLflow run id, a run output directory or a .ckpt")
+    check(opts["padding"] in ("prefix", "in_sequence", "both"), "padding", opts["padding"],
+          "allowed values are 'prefix', 'in_sequence', 'both'")
+    check(opts["which"] in ("last", "best"), "which", opts["which"], "allowed values are 'last', 'best'")
+    for key in ("per_residue", "batch_size", "n_boot", "max_prompts"):
+        check(opts[key] >= 1, key, opts[key], "must be an integer >= 1")
+    return opts
+
+
+def parse_shifts(spec: str) -> list[int]:
+    """'-3..3' -> [-3, ..., 3]; '0,1,4' -> [0, 1, 4]."""
+    try:
+        if ".." in spec:
+            a, b = spec.split("..")
+            out = list(range(int(a), int(b) + 1))
+        else:
+            out = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"shifts={spec!r} is invalid: use 'a..b' or a comma-separated list of integers") from None
+    check(bool(out), "shifts", spec, "must name at least one shift")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ run context
+@dataclasses.dataclass
+class RunContext:
+    """A trained run: its model (eval mode), model config, the evaluation task and where to log."""
+
+    module: object
+    model: torch.nn.Module
+    config: object  # ModelConfig
+    hparams: dict
+    period: int
+    task_kwargs: dict
+    eval_seed: int
+    output_dir: Path | None
+    run_id: str | None
+    tracking_uri: str | None
+
+    @property
+    def stride(self) -> int:
+        return self.config.stride
+
+    def paddings(self, padding: str) -> list[str]:
+        return ["prefix", "in_sequence"] if padding == "both" else [padding]
+
+
+def _run_dir(run: str, ckpt: Path) -> Path | None:
+    path = Path(run).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    d = ckpt.parent.parent  # <output_dir>/checkpoints/x.ckpt
+    return d if (d / "config.yaml").exists() or (d / "run.json").exists() else None
+
+
+def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> RunContext:
+    """The run's trained model and evaluation task. `run`: MLflow run id, run output directory or .ckpt path."""
+    from omegaconf import OmegaConf
+
+    from phasefix import fit as F
+    from phasefix import tracking
+
+    ckpt = F.resolve_checkpoint(run, tracking_uri, which)
+    module, hp = F.load_checkpoint(str(ckpt), which=which)
+    out_dir = _run_dir(run, ckpt)
+    run_id, uri = None, tracking_uri
+    if out_dir is not None and (out_dir / F.RUN_FILE).exists():
+        info = tracking.read_json(out_dir / F.RUN_FILE)
+        run_id, uri = info.get("mlflow_run_id"), tracking_uri or info.get("tracking_uri")
+    elif not Path(run).expanduser().exists():
+        run_id = run  # resolved as an MLflow run id above
+    if out_dir is not None and (out_dir / "config.yaml").exists():
+        cfg = OmegaConf.load(out_dir / "config.yaml")
+        data_cfg = F.data_config(OmegaConf.to_container(cfg.data, resolve=True))
+        eval_seed = int(cfg.eval.seed)
+    else:
+        warnings.warn(f"no config.yaml beside {ckpt}: evaluating on the default data config", stacklevel=2)
+        cfg = F.compose([])
+        data_cfg = F.data_config(OmegaConf.to_container(cfg.data, resolve=True))
+        eval_seed = int(cfg.eval.seed)
+    model = module.model.eval()
+    return RunContext(module=module, model=model, config=model.config, hparams=hp, period=int(hp["period"]),
+                      task_kwargs=F.eval_task_kwargs(data_cfg), eval_seed=eval_seed, output_dir=out_dir,
+                      run_id=run_id, tracking_uri=uri)
+
+
+def eval_set(ctx: RunContext, padding: str, per_residue: int, seed: int):
+    from phasefix.data import make_phase_eval
+
+    return make_phase_eval("kv_lookup", padding, period=ctx.period, per_residue=per_residue, seed=seed,
+                           **ctx.task_kwargs).with_format("torch")
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+@dataclasses.dataclass
+class Outcome:
+    """Per-prompt results of one evaluation: correct [n] bool, residue [n], cluster [n] (numpy)."""
+
+    correct: np.ndarray
+    residue: np.ndarray
+    cluster: np.ndarray
+
+
+@torch.no_grad()
+def predict_correct(model, dataset, batch_size: int = 128) -> Outcome:
+    """Top-1 correctness at `query_pos` of every prompt, in dataset order."""
+    device = next(model.parameters()).device
+    correct, residue, cluster = [], [], []
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        logits = model(batch["input_ids"].to(device))
+        rows = torch.arange(logits.shape[0], device=device)
+        pred = logits[rows, batch["query_pos"].to(device)].argmax(-1).cpu()
+        correct.append((pred == batch["answer"]).numpy())
+        residue.append(batch["residue"].numpy())
+        cluster.append(batch["cluster"].numpy())
+    return Outcome(np.concatenate(correct), np.concatenate(residue).astype(np.int64),
+                   np.concatenate(cluster).astype(np.int64))
+
+
+def accuracy_by(correct: np.ndarray, groups: np.ndarray, n: int) -> np.ndarray:
+    """Mean of `correct` per group 0..n-1 (nan where a group is empty)."""
+    k = np.bincount(groups, weights=np.asarray(correct, dtype=np.float64), minlength=n)
+    c = np.bincount(groups, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return k / c
+
+
+def relative_change(new: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """(new - base) / base, nan where base is 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(base > 0, (new - base) / np.where(base > 0, base, 1.0), np.nan)
+
+
+# ------------------------------------------------------------------------------------------------ logging
+def figure_path(tool: str, padding: str) -> str:
+    return f"analyze/{tool}.png" if padding == "prefix" else f"analyze/{tool}-{padding}.png"
+
+
+def log_results(ctx: RunContext, tool: str, padding: str, scalars: Mapping[str, float],
+                curves: Mapping[str, Sequence[float]] = {}, figure=None, enabled: bool = True) -> str | None:
+    """Log `analyze/<tool>/<padding>/<name>` scalars and curves (step = index) and the figure into the run.
+    Returns a one-line note of where they went (or why not)."""
+    from phasefix import tracking
+
+    if not enabled:
+        _close(figure)
+        return "not logged (log=false)"
+    if ctx.run_id is None:
+        _close(figure)
+        return "not logged: no MLflow run for this checkpoint (no run.json beside it; pass an MLflow run id)"
+    c = tracking.client(ctx.tracking_uri)
+    prefix = f"analyze/{tool}/{padding}/"
+    tracking.log_metric_values(c, ctx.run_id, {prefix + k: v for k, v in scalars.items()},
+                               {prefix + k: v for k, v in curves.items()})
+    if figure is not None:
+        tracking.log_figure(c, ctx.run_id, figure, figure_path(tool, padding))
+    return f"logged to MLflow run {ctx.run_id} ({c.tracking_uri})"
+
+
+def _close(fig) -> None:
+    if fig is not None:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def fmt(x, width: int = 7, digits: int = 3) -> str:
+    x = float(x)
+    return f"{'nan':>{width}}" if x != x else f"{x:>{width}.{digits}f}"
+
+
+__all__ = ["OPTIONS", "TOOLS", "Outcome", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results",
+           "parse_options", "parse_shifts", "predict_correct", "relative_change"]
