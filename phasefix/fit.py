@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from phasefix import config as C
 from phasefix import tracking
-from phasefix.errors import ConfigError, check
+from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR, OUTPUTS_DIR
 
 RUN_FILE = "run.json"
@@ -86,16 +86,49 @@ def plan(cfg: DictConfig) -> dict:
     return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
 
 
+DATA_KINDS = ("retrieval", "lm_mix")
+
+
 def data_config(d: dict):
+    """The data dataclass for `data.kind`: the retrieval task alone, or interleaved with text (`lm_mix`)."""
     import dataclasses
 
     from phasefix.data import RetrievalConfig
+    from phasefix.data.lm_mix import LMMixConfig
 
-    known = {f.name for f in dataclasses.fields(RetrievalConfig)}
+    d = dict(d)
+    kind = d.pop("kind", "retrieval")
+    check_choice("data.kind", kind, DATA_KINDS)
+    cls = LMMixConfig if kind == "lm_mix" else RetrievalConfig
+    known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ConfigError(f"data.{unknown[0]} is not a data key: allowed keys are {', '.join(sorted(known))}")
-    return RetrievalConfig(**d)
+    return cls(**d)
+
+
+def train_dataset(data_cfg, split: str, seed: int):
+    from phasefix.data import make_train_dataset
+    from phasefix.data.lm_mix import LMMixConfig, make_lm_mix_dataset
+
+    if isinstance(data_cfg, LMMixConfig):
+        return make_lm_mix_dataset(data_cfg, split=split, seed=seed)
+    return make_train_dataset(data_cfg, split=split, seed=seed)
+
+
+@torch.no_grad()
+def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> float:
+    """Mean next-token loss on held-out text positions (labels >= first_text_token)."""
+    from torch.utils.data import DataLoader
+
+    total, count = 0.0, 0
+    for batch in DataLoader(dataset, batch_size=batch_size):
+        logits = model(batch["input_ids"].long())
+        labels = batch["labels"].long()
+        mask = labels >= first_text_token
+        total += torch.nn.functional.cross_entropy(logits[mask].float(), labels[mask], reduction="sum").item()
+        count += int(mask.sum())
+    return total / max(count, 1)
 
 
 def eval_task_kwargs(data_cfg) -> dict:
@@ -140,7 +173,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from phasefix.data import make_phase_eval, make_train_dataset
+    from phasefix.data import make_phase_eval
     from phasefix.module import PhaseFixModule, RetrievalDataModule
 
     resume_ckpt = None
@@ -159,7 +192,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     t_start = time.time()
 
     # data first: a broken data config must not leave a half-written run behind
-    train_set = make_train_dataset(data_cfg, split="train", seed=cfg.seed).with_format("torch")
+    train_set = train_dataset(data_cfg, "train", cfg.seed).with_format("torch")
     eval_kwargs = eval_task_kwargs(data_cfg)
     val_sets = {pad: make_phase_eval("kv_lookup", pad, period=cfg.eval.period,
                                      per_residue=cfg.eval.val_per_residue, seed=cfg.eval.seed + 1,
@@ -235,6 +268,10 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
                                           n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size)
         summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
+        if cfg.data.get("kind", "retrieval") == "lm_mix":
+            val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
+            summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
+            c.log_metric(run_id, "final/lm_loss", summary["lm_loss"])
         log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets)
         tracking.write_json(out_dir / "summary.json", summary)
         c.log_artifact(run_id, str(out_dir / "summary.json"))
