@@ -84,43 +84,62 @@ def compressed_attention(
     sink: [H] logits (value zero) or None. Local raw keys of query t: the `local_window` tokens (t-L, t]
     ("window") or the tokens not covered by a visible entry ("tail"). Returns [B, T, H, D].
 
-    Queries are processed in blocks and raw keys through a band of width L, so no T x T matrix is ever built.
+    Queries are processed in blocks of `query_block`. A block's keys are the entries visible to its last query
+    followed by the raw tokens its queries can reach ([t0-L+1, t1)); a boolean mask then picks, for every query,
+    its own visible entries and local raw keys, and one masked `scaled_dot_product_attention` call does the joint
+    softmax. So no T x T matrix is ever built: a block costs Tb x (N_visible + Tb + L) scores.
     """
     B, T, H, D = q.shape
-    HKV = k.shape[2]
-    G = H // HKV
-    N = k_cmp.shape[1]
+    HKV, N = k.shape[2], k_cmp.shape[1]
     scale = D**-0.5 if scale is None else scale
-    # the raw band: tokens t-L+1..t for every query; the tail is always shorter than S
-    L = local_window if local_memory == "window" else stride
-    k_band = F.pad(k, (0, 0, 0, 0, L - 1, 0)).unfold(1, L, 1)  # [B, T, HKV, D, L]
-    v_band = F.pad(v, (0, 0, 0, 0, L - 1, 0)).unfold(1, L, 1)  # [B, T, HKV, D, L]
-    qg = q.view(B, T, HKV, G, D)
-    t_all = torch.arange(T, device=q.device)
-    band_pos = t_all[:, None] - (L - 1) + torch.arange(L, device=q.device)[None, :]  # [T, L]
-    band_ok = band_pos >= 0
-    if local_memory == "tail":
-        band_ok &= band_pos >= tail_start(t_all, stride, grid_offset)[:, None]
-    n_vis = num_visible(t_all, stride, grid_offset).clamp(max=N)  # [T]
+    L = local_window if local_memory == "window" else stride  # the tail is always shorter than S
+    q, k, v, k_cmp, v_cmp = (x.transpose(1, 2) for x in (q, k, v, k_cmp, v_cmp))  # [B, heads, tokens, D]
+    n_sink = 0
+    if sink is not None:
+        q, k, v, k_cmp, v_cmp = _sink_as_entry(q, k, v, k_cmp, v_cmp, sink, scale)
+        n_sink = 1
 
-    blocks = []
-    for t0 in range(0, T, query_block):
-        t1 = min(T, t0 + query_block)
-        qb = qg[:, t0:t1]  # [B, Tb, HKV, G, D]
-        # raw band scores [B, Tb, HKV, G, L]
-        s_raw = torch.einsum("bthgd,bthdl->bthgl", qb, k_band[:, t0:t1]) * scale
-        s_raw = s_raw.masked_fill(~band_ok[t0:t1, None, None, :], float("-inf"))
-        # compressed scores [B, Tb, HKV, G, Nb]: only entries some query of the block can see
-        Nb = int(n_vis[t1 - 1])
-        s_cmp = torch.einsum("bthgd,bnhd->bthgn", qb, k_cmp[:, :Nb]) * scale
-        cmp_ok = torch.arange(Nb, device=q.device)[None, :] < n_vis[t0:t1, None]  # [Tb, Nb]
-        s_cmp = s_cmp.masked_fill(~cmp_ok[:, None, None, :], float("-inf"))
-        parts = [s_raw, s_cmp]
-        if sink is not None:
-            parts.append(sink.view(1, 1, HKV, G, 1).expand(B, t1 - t0, HKV, G, 1).to(s_raw.dtype))
-        p = torch.softmax(_upcast(torch.cat(parts, dim=-1)), dim=-1).to(q.dtype)
-        p_raw, p_cmp = p[..., :L], p[..., L:L + Nb]
-        o = torch.einsum("bthgl,bthdl->bthgd", p_raw, v_band[:, t0:t1])
-        o = o + torch.einsum("bthgn,bnhd->bthgd", p_cmp, v_cmp[:, :Nb])
-        blocks.append(o.reshape(B, t1 - t0, H, D))
-    return torch.cat(blocks, dim=1)
+    t_all = torch.arange(T, device=q.device)
+    n_vis = num_visible(t_all, stride, grid_offset).clamp(max=N) + n_sink  # [T] visible entries (and the sink)
+    starts = range(0, T, query_block)
+    n_block = [int(n_vis[min(T, t0 + query_block) - 1]) for t0 in starts]  # entries some query of block b sees
+    # Split once, outside the loop: every block then reads its own pieces, and autograd assembles each gradient
+    # in one go (slicing the whole tensors per block would allocate a full-size gradient per block).
+    q_b = q.split(query_block, dim=2)
+    k_b, v_b = k.split(query_block, dim=2), v.split(query_block, dim=2)
+    new_entries = [n - m for n, m in zip(n_block, [0] + n_block[:-1])]
+    kc_b = k_cmp[:, :, : n_block[-1]].split(new_entries, dim=2)
+    vc_b = v_cmp[:, :, : n_block[-1]].split(new_entries, dim=2)
+
+    out = []
+    for b, t0 in enumerate(starts):
+        t1 = t0 + q_b[b].shape[2]
+        lo = max(0, t0 - L + 1)  # the first raw token a query of this block can reach
+        first, skip = divmod(lo, query_block)  # ... is token `skip` of block `first`
+        keys = torch.cat([*kc_b[: b + 1], k_b[first][:, :, skip:], *k_b[first + 1 : b + 1]], dim=2)
+        values = torch.cat([*vc_b[: b + 1], v_b[first][:, :, skip:], *v_b[first + 1 : b + 1]], dim=2)
+        t = t_all[t0:t1, None]
+        raw = torch.arange(lo, t1, device=q.device)[None, :]
+        raw_ok = (raw <= t) & (raw > t - L)
+        if local_memory == "tail":
+            raw_ok &= raw >= tail_start(t, stride, grid_offset)
+        entry_ok = torch.arange(n_block[b], device=q.device)[None, :] < n_vis[t0:t1, None]
+        mask = torch.cat([entry_ok, raw_ok], dim=1)  # [Tb, entries + raw]; every row has its own token or an entry
+        out.append(F.scaled_dot_product_attention(q_b[b], keys, values, attn_mask=mask, scale=scale,
+                                                  enable_gqa=H != HKV))
+    return torch.cat(out, dim=2)[..., :D].transpose(1, 2)
+
+
+def _sink_as_entry(q, k, v, k_cmp, v_cmp, sink, scale):
+    """The sink as an always-visible entry 0 with a zero value, via one extra channel on every head:
+    queries carry sink_h / scale there, the sink key is 1 there and 0 elsewhere, all other keys and all values are
+    0 there. So the sink's logit is exactly sink_h, every other logit is unchanged, and the sink adds nothing to
+    the output (whose extra channel the caller drops). Inputs and outputs are [B, heads, tokens, D(+1)]."""
+    B, H, T, D = q.shape
+    HKV = k.shape[1]
+    q = torch.cat([q, (sink.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+    k, v, k_cmp, v_cmp = (F.pad(x, (0, 1)) for x in (k, v, k_cmp, v_cmp))
+    sink_key = F.pad(q.new_ones(B, HKV, 1, 1), (D, 0))  # [B, HKV, 1, D+1] = (0, ..., 0, 1)
+    k_cmp = torch.cat([sink_key, k_cmp], dim=2)
+    v_cmp = torch.cat([torch.zeros_like(sink_key), v_cmp], dim=2)
+    return q, k, v, k_cmp, v_cmp
