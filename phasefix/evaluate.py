@@ -1,15 +1,69 @@
-"""Phase-grouped evaluation: score prompts at their query position and aggregate accuracy by residue."""
+"""`python -m phasefix.evaluate model=<HF model dir | phasefix run> task=needle|kv_lookup|flip [key=value ...]`
+
+Phase-grouped evaluation of any causal LM (science.md section 4), logged to MLflow like a fit run and written to
+`<out>/summary.json`.
+
+model=     a Hugging Face checkpoint directory (config.json + tokenizer), or a phasefix fit: its MLflow run id, its
+           output directory, or a .ckpt file
+task=      kv_lookup | needle: retrieval accuracy by residue of the target key's position (full-vocabulary top-1
+           of the first answer token at the last position); Hugging Face models read text prompts rendered through
+           their own tokenizer (phasefix.text_prompts), phasefix checkpoints the synthetic set of their training
+           task (phasefix.data.make_phase_eval)
+           flip: the flipping-completion probe (Hugging Face models): log p(completion A) - log p(completion B)
+           for every filler length, and the period of that curve
+
+Options (default):
+  period (24; a phasefix run: its eval.period)   residue = target position mod period
+  stride (phasefix run: model.stride; else none) fold residues onto this compression stride (none: detected)
+  padding (prefix,in_sequence)  per_residue (48)  batch_size (8; phasefix run: 256)  n_boot (2000)  seed (0)
+  max_length        prompt length in tokens (Hugging Face; needle: fills it with records), up to 128K and beyond
+  num_records, num_demos, max_pad, target_span, num_filler   task sizes (phasefix run: those it trained on)
+  lengths (4 * period), start (0)   flip: number of filler lengths and the shortest
+  device (cuda if available, else cpu)  dtype (float32 | bfloat16 | float16)  which (last | best: phasefix ckpt)
+  tracking_uri, experiment (phasefix), run_name, out (outputs/<date>/<time>-evaluate-<task>-<model>),
+  progress (true)
+
+`evaluate_phase(model, dataset, ...)` scores a synthetic set (used by `phasefix.fit`).
+"""
 from __future__ import annotations
 
+import math
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from phasefix.metrics import PhaseAccuracy
+from phasefix.errors import ConfigError, check, check_choice
+from phasefix.metrics import PhaseAccuracy, detect_period
+
+TASKS = ("kv_lookup", "needle", "flip")
+PADDINGS = ("prefix", "in_sequence")
+SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "count", "period_detected",
+                "worst_ci", "gap_ci", "periodicity_ratio", "fold_stride")
+TASK_OPTIONS = ("num_records", "num_demos", "max_pad", "target_span", "num_filler", "max_length")
+DEFAULTS = dict(model=None, task=None, period=None, stride=None, padding="prefix,in_sequence", per_residue=48,
+                batch_size=None, n_boot=2000, seed=0, **{k: None for k in TASK_OPTIONS}, lengths=None, start=0,
+                device=None, dtype="float32", which="last", tracking_uri=None, experiment="phasefix",
+                run_name=None, out=None, progress=True)
+RAW_STRING_KEYS = ("model", "tracking_uri", "experiment", "run_name", "out", "padding")
+
+
+def _progress(iterable: Iterable, total: int | None, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
 
 @torch.no_grad()
 def evaluate_phase(model, dataset, *, period: int, stride: int | None = None, n_boot: int = 2000,
-                   batch_size: int = 256, seed: int = 0) -> dict:
+                   batch_size: int = 256, seed: int = 0, progress: bool = False) -> dict:
     """Full-vocabulary top-1 accuracy at `query_pos` grouped by `residue` (PhaseAccuracy.compute() as a dict).
 
     `model(input_ids [B, T]) -> logits [B, T, V]`; `dataset` has columns input_ids, answer, query_pos, residue,
@@ -17,9 +71,389 @@ def evaluate_phase(model, dataset, *, period: int, stride: int | None = None, n_
     """
     metric = PhaseAccuracy(period, fold_stride=stride, n_boot=n_boot, seed=seed)
     device = next(model.parameters()).device
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    for batch in _progress(loader, len(loader), "evaluate", progress):
         logits = model(batch["input_ids"].to(device))  # [B, T, V]
         at_query = logits[torch.arange(logits.shape[0], device=device), batch["query_pos"].to(device)]
         correct = (at_query.argmax(-1) == batch["answer"].to(device)).cpu()
         metric.update(correct, batch["residue"], batch["cluster"])
     return metric.compute()
+
+
+# ------------------------------------------------------------------------------------------------ HF scoring
+def logits_at(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Logits [B, K, V] of a Hugging Face causal LM at sequence positions [K] (the same for every row), computing
+    the output head only there (`logits_to_keep`), so 128K-token prompts never materialise [B, T, V]."""
+    try:
+        return model(input_ids=input_ids, use_cache=False, logits_to_keep=positions).logits
+    except TypeError:  # architectures without logits_to_keep
+        return model(input_ids=input_ids, use_cache=False).logits[:, positions]
+
+
+@torch.no_grad()
+def evaluate_text(model, prompts, *, stride: int | None = None, n_boot: int = 2000, batch_size: int = 8,
+                  seed: int = 0, progress: bool = False) -> dict:
+    """`evaluate_phase` for a `TextPhaseSet` (prompts generated a batch at a time) and a Hugging Face model."""
+    metric = PhaseAccuracy(prompts.period, fold_stride=stride, n_boot=n_boot, seed=seed)
+    device = next(model.parameters()).device
+    last = torch.tensor([prompts.query_pos], device=device)
+    total = math.ceil(len(prompts) / batch_size)
+    for batch in _progress(prompts.batches(batch_size), total, f"{prompts.task}/{prompts.padding}", progress):
+        logits = logits_at(model, torch.from_numpy(batch["input_ids"]).to(device), last)[:, 0]
+        correct = (logits.argmax(-1).cpu() == torch.from_numpy(batch["answer"]))
+        metric.update(correct, torch.from_numpy(batch["residue"]), torch.from_numpy(batch["cluster"]))
+    return metric.compute()
+
+
+@torch.no_grad()
+def flip_curve(model, probe, *, batch_size: int = 8, progress: bool = False) -> dict:
+    """log p(completion 0) - log p(completion 1) per filler length, the folded curve and its detected period."""
+    device = next(model.parameters()).device
+    logp = np.zeros((2, probe.lengths))
+    total = 2 * math.ceil(probe.lengths / batch_size)
+    chunks = ((which, seqs[i:i + batch_size]) for which in (0, 1)
+              for seqs in [list(probe.sequences(which))] for i in range(0, len(seqs), batch_size))
+    done = [0, 0]
+    for which, chunk in _progress(chunks, total, "flip", progress):
+        m = probe.completions[which].size
+        width = max(s.size for _, s, _ in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)  # right padding: causal, positions untouched
+        for b, (_, s, _) in enumerate(chunk):
+            ids[b, :s.size] = torch.from_numpy(s)
+        # logits at position p predict token p + 1: the completion's tokens are predicted from [start-1, start+m-1)
+        need = sorted({start - 1 + k for _, _, start in chunk for k in range(m)})
+        logits = logits_at(model, ids.to(device), torch.tensor(need, device=device)).float()
+        lp = torch.log_softmax(logits, -1).cpu()
+        col = {p: i for i, p in enumerate(need)}
+        target = torch.from_numpy(probe.completions[which])
+        for b, (_, _, start) in enumerate(chunk):
+            rows = torch.tensor([col[start - 1 + k] for k in range(m)])
+            logp[which, done[which] + b] = float(lp[b, rows, target].sum())
+        done[which] += len(chunk)
+    diff = logp[0] - logp[1]
+    P = probe.period
+    # Fold on the residue of the snippet's absolute position (the phase of everything after the filler).
+    residue = (probe.head.size + probe.filler_lengths) % P
+    folded = np.array([diff[residue == r].mean() for r in range(P)])
+    return {"filler_lengths": probe.filler_lengths.tolist(), "logp_diff": diff.tolist(),
+            "logp_a": logp[0].tolist(), "logp_b": logp[1].tolist(), "folded": folded.tolist(),
+            "period_detected": int(detect_period(folded)), "period_fft": fft_period_safe(diff),
+            "flip_rate": float(np.mean(np.sign(diff) != np.sign(np.median(diff)))) if diff.size else float("nan"),
+            "range": float(np.ptp(diff))}
+
+
+def fft_period_safe(curve) -> float | None:
+    from phasefix.text_prompts import fft_period
+
+    p = fft_period(np.asarray(curve))
+    return None if math.isnan(p) else round(p, 3)
+
+
+# ------------------------------------------------------------------------------------------------ options
+def parse_args(argv: Sequence[str] | Mapping) -> dict:
+    """key=value arguments (or a mapping) -> validated options with defaults."""
+    import yaml
+
+    if isinstance(argv, Mapping):
+        given = dict(argv)
+    else:
+        given = {}
+        for arg in argv:
+            key, eq, value = arg.partition("=")
+            check(bool(eq) and bool(key), "argument", arg, "must be key=value")
+            if key in RAW_STRING_KEYS:
+                given[key] = value
+            else:
+                try:
+                    given[key] = yaml.safe_load(value) if value != "" else None
+                except yaml.YAMLError:
+                    given[key] = value
+    for key in given:
+        check_choice("option", key, tuple(DEFAULTS))
+    opts = {**DEFAULTS, **given}
+    check(opts["model"] not in (None, ""), "model", opts["model"],
+          "is required: a Hugging Face model directory, or a phasefix run id, output directory or .ckpt")
+    check_choice("task", opts["task"], TASKS)
+    pads = opts["padding"]
+    if isinstance(pads, str):
+        pads = ["prefix", "in_sequence"] if pads in ("both", "all") else [p.strip() for p in pads.strip("[]").split(",")]
+    for p in pads:
+        check_choice("padding", p, PADDINGS)
+    opts["padding"] = list(dict.fromkeys(pads))
+    for key in ("period", "stride", "batch_size", "lengths"):
+        check(opts[key] is None or (isinstance(opts[key], int) and opts[key] >= 1), key, opts[key],
+              "must be an integer >= 1 or null")
+    for key in ("per_residue", "n_boot"):
+        check(isinstance(opts[key], int) and opts[key] >= 1, key, opts[key], "must be an integer >= 1")
+    check_choice("dtype", opts["dtype"], ("float32", "bfloat16", "float16"))
+    check_choice("which", opts["which"], ("last", "best"))
+    check(isinstance(opts["progress"], bool), "progress", opts["progress"], "must be true or false")
+    return opts
+
+
+# ------------------------------------------------------------------------------------------------ models
+class Target:
+    """What is evaluated: kind 'hf' (model + tokenizer) or 'phasefix' (module.model + its training task)."""
+
+    def __init__(self, kind: str, model, name: str, source: str, *, tokenizer=None, period: int = 24,
+                 stride: int | None = None, task_kwargs: dict | None = None, tags: dict | None = None):
+        self.kind, self.model, self.name, self.source, self.tokenizer = kind, model, name, source, tokenizer
+        self.period, self.stride, self.task_kwargs, self.tags = period, stride, task_kwargs or {}, tags or {}
+
+
+def load_target(spec: str, *, tracking_uri: str | None = None, device: str | None = None,
+                dtype: str = "float32", which: str = "last") -> Target:
+    path = Path(spec).expanduser()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if path.is_dir() and (path / "config.json").exists():
+        return _load_hf(path, device, dtype)
+    return _load_phasefix(spec, tracking_uri, device, which)
+
+
+def _load_hf(path: Path, device: str, dtype: str) -> Target:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"model={str(path)!r} is invalid: not a loadable Hugging Face causal LM with a tokenizer "
+                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    model = model.to(device).eval()
+    name = path.resolve().name
+    return Target("hf", model, name, str(path.resolve()), tokenizer=tokenizer,
+                  tags={"model": name, "model_type": str(getattr(model.config, "model_type", "")),
+                        "max_position_embeddings": str(getattr(model.config, "max_position_embeddings", ""))})
+
+
+def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str) -> Target:
+    from omegaconf import OmegaConf
+
+    from phasefix import tracking
+    from phasefix.fit import RUN_FILE, data_config, eval_task_kwargs, load_checkpoint, resolve_checkpoint
+
+    try:
+        ckpt = resolve_checkpoint(spec, tracking_uri, which)
+    except ConfigError:
+        raise ConfigError(f"model={spec!r} is invalid: must be a Hugging Face model directory (with config.json), "
+                          "or a phasefix fit run id, output directory or .ckpt file") from None
+    module, hp = load_checkpoint(str(ckpt), tracking_uri)
+    run_dir = ckpt.parent.parent
+    check((run_dir / "config.yaml").exists(), "model", spec,
+          f"the checkpoint has no config.yaml in {run_dir} (needed for the task it was trained on)")
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
+    m = hp["model"]
+    mitigations = ",".join(hp["mitigation"].keys()) if hp.get("mitigation") else "none"
+    tags = {"model": str(m.get("name")), "attention": str(m.get("attention")), "window": str(m.get("window")),
+            "stride": str(m.get("stride")), "mitigations": mitigations, "seed": str(hp.get("seed"))}
+    if (run_dir / RUN_FILE).exists():
+        tags["phasefix.source_run"] = tracking.read_json(run_dir / RUN_FILE).get("mlflow_run_id", "")
+    stride = module.model_config.stride if module.model_config.compressed else None
+    return Target("phasefix", module.model.to(device).eval(), str(m.get("name")), str(ckpt),
+                  period=int(hp.get("period", 24)), stride=stride, task_kwargs=eval_task_kwargs(data_cfg), tags=tags)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def evaluate(args: Sequence[str] | Mapping = ()) -> dict:
+    """Run one evaluation from CLI-style options; returns the summary (also written to <out>/summary.json)."""
+    from phasefix import tracking
+    from phasefix.paths import OUTPUTS_DIR
+
+    opts = parse_args(args)
+    target = load_target(str(opts["model"]), tracking_uri=opts["tracking_uri"], device=opts["device"],
+                         dtype=opts["dtype"], which=opts["which"])
+    period = opts["period"] or target.period
+    stride = opts["stride"] or target.stride
+    check(stride is None or period % stride == 0, "period", period,
+          f"must be a multiple of the stride ({stride}) so residue groups fold onto phases")
+    batch_size = opts["batch_size"] or (8 if target.kind == "hf" else 256)
+    task_opts = {k: opts[k] for k in TASK_OPTIONS if opts[k] is not None}
+    plan = _plan(opts, target, period, task_opts)  # every check before an MLflow run exists
+
+    name = opts["run_name"] or f"eval-{opts['task']}-{target.name}"
+    out = Path(opts["out"]) if opts["out"] else (
+        OUTPUTS_DIR / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{name}")
+    out.mkdir(parents=True, exist_ok=True)
+    c = tracking.client(opts["tracking_uri"])
+    exp_id = tracking.get_or_create_experiment(c, opts["experiment"])
+    tags = {**target.tags, "task": opts["task"], "period": str(period), "stride": str(stride or "none"),
+            "source": target.source, "phasefix.kind": "evaluate", "git_commit": tracking.git_commit(),
+            "output_dir": str(out.resolve())}
+    run_id = c.create_run(exp_id, run_name=name, tags=tags).info.run_id
+    tracking.log_params(c, run_id, {k: (",".join(v) if isinstance(v, list) else v) for k, v in opts.items()}
+                        | {"period": period, "stride": stride, "batch_size": batch_size})
+    status, t0 = "FAILED", time.time()
+    try:
+        summary = {"mlflow_run_id": run_id, "kind": "evaluate", "model": target.name, "source": target.source,
+                   "task": opts["task"], "period": period, "stride": stride, "output_dir": str(out.resolve())}
+        if opts["task"] == "flip":
+            probe = plan["flip"]
+            res = flip_curve(target.model, probe, batch_size=batch_size, progress=opts["progress"])
+            summary["flip"] = {**probe.describe(), **res}
+            _log_flip(c, run_id, out, summary["flip"], name)
+        else:
+            results = {}
+            for pad, prompts in plan["sets"].items():
+                if target.kind == "hf":
+                    res = evaluate_text(target.model, prompts, stride=stride, n_boot=opts["n_boot"],
+                                        batch_size=batch_size, seed=opts["seed"], progress=opts["progress"])
+                    summary.setdefault("prompts", {})[pad] = prompts.describe()
+                else:
+                    res = evaluate_phase(target.model, prompts, period=period, stride=stride, n_boot=opts["n_boot"],
+                                         batch_size=batch_size, seed=opts["seed"], progress=opts["progress"])
+                    summary.setdefault("prompts", {})[pad] = {"num_prompts": len(prompts),
+                                                              "prompt_length": len(prompts[0]["input_ids"]),
+                                                              **plan["synthetic_kwargs"]}
+                results[pad] = res
+                summary[pad] = {k: _plain(res[k]) for k in SUMMARY_KEYS if k in res}
+                tracking.log_phase_result(c, run_id, pad, res)
+            fig = tracking.phase_figure(results, stride, title=f"{name} {opts['task']}  (run {run_id[:8]})")
+            fig.savefig(out / "phase_curves.png", dpi=110)
+            tracking.log_figure(c, run_id, fig, "phase_curves.png")
+            (out / "phase_table.csv").write_text(tracking.residue_table(results))
+            c.log_artifact(run_id, str(out / "phase_table.csv"))
+        summary["seconds"] = round(time.time() - t0, 1)
+        tracking.write_json(out / "summary.json", summary)
+        c.log_artifact(run_id, str(out / "summary.json"))
+        status = "FINISHED"
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        c.set_terminated(run_id, status=status)
+
+
+def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
+    """The prompt sets (lazy for Hugging Face models) or the flip probe, validated."""
+    task = opts["task"]
+    if task == "flip":
+        check(target.kind == "hf", "task", task, "needs a Hugging Face model with a tokenizer (phasefix "
+              "checkpoints read synthetic token ids)")
+        check(not task_opts, "task", task, f"takes lengths and start, not {', '.join(task_opts)}")
+        from phasefix.text_prompts import FlipProbe
+
+        return {"flip": FlipProbe(target.tokenizer, period=period, lengths=opts["lengths"], start=opts["start"])}
+    check(opts["lengths"] is None, "lengths", opts["lengths"], "applies to task='flip' only")
+    if target.kind == "hf":
+        from phasefix.text_prompts import TextPhaseSet
+
+        sets = {pad: TextPhaseSet(target.tokenizer, task, pad, period=period, per_residue=opts["per_residue"],
+                                  seed=opts["seed"], **task_opts) for pad in opts["padding"]}
+        limit = getattr(target.model.config, "max_position_embeddings", None)
+        first = next(iter(sets.values()))
+        if limit and first.length > limit:
+            print(f"warning: prompts of {first.length} tokens exceed the model's max_position_embeddings={limit}",
+                  file=sys.stderr)
+        return {"sets": sets}
+    from phasefix.data import make_phase_eval
+    from phasefix.data.phase_eval import TASK_DEFAULTS
+
+    for key in ("max_length", "num_filler"):
+        check(key not in task_opts, key, task_opts.get(key), "applies to Hugging Face models only (a phasefix "
+              "checkpoint's filler vocabulary and length follow its training task)")
+    kw = dict(target.task_kwargs)
+    if task == "needle":  # the trained vocabulary, the needle's own sizes
+        kw = {k: kw[k] for k in ("num_keys", "num_values", "num_filler")}
+        kw["num_demos"] = TASK_DEFAULTS["needle"]["num_demos"]
+    kw.update(task_opts)
+    sets = {pad: make_phase_eval(task, pad, period=period, per_residue=opts["per_residue"], seed=opts["seed"],
+                                 **kw).with_format("torch") for pad in opts["padding"]}
+    return {"sets": sets, "synthetic_kwargs": kw}
+
+
+def _plain(v):
+    if isinstance(v, torch.Tensor):
+        v = v.tolist()
+    if isinstance(v, float):
+        return None if v != v else round(v, 4)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def flip_figure(res: Mapping, title: str = ""):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    x, y = res["filler_lengths"], res["logp_diff"]
+    ax.plot(x, y, marker="o", ms=2.5, lw=1)
+    ax.axhline(0, color="black", lw=0.6)
+    for g in range(x[0], x[-1] + 1, res["period"]):
+        ax.axvline(g - 0.5, color="grey", lw=0.5, ls=":")
+    a, b = res["completions"]
+    ax.set_xlabel("filler length (tokens)")
+    ax.set_ylabel(f"log p({a.strip()!r}) - log p({b.strip()!r})", fontsize=8)
+    ax.set_title(f"{title}  period detected {res['period_detected']}, FFT {res['period_fft']}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _log_flip(c, run_id: str, out: Path, res: dict, name: str) -> None:
+    import time as _time
+
+    from mlflow.entities import Metric
+
+    from phasefix import tracking
+
+    ts = int(_time.time() * 1000)
+    metrics = [Metric("flip/logp_diff", float(d), ts, int(f)) for f, d in zip(res["filler_lengths"], res["logp_diff"])]
+    metrics += [Metric(f"flip/{k}", float(res[k]), ts, 0) for k in ("period_detected", "period_fft", "flip_rate",
+                                                                     "range") if res[k] is not None]
+    for i in range(0, len(metrics), 500):
+        c.log_batch(run_id, metrics=metrics[i:i + 500])
+    fig = flip_figure(res, name)
+    fig.savefig(out / "flip_curve.png", dpi=110)
+    tracking.log_figure(c, run_id, fig, "flip_curve.png")
+    rows = ["filler_length,logp_a,logp_b,logp_diff"] + [
+        f"{f},{a:.6f},{b:.6f},{d:.6f}" for f, a, b, d in zip(res["filler_lengths"], res["logp_a"], res["logp_b"],
+                                                            res["logp_diff"])]
+    (out / "flip_table.csv").write_text("\n".join(rows) + "\n")
+    c.log_artifact(run_id, str(out / "flip_table.csv"))
+
+
+def print_summary(summary: dict) -> None:
+    from phasefix.tracking import sparkline
+
+    print(f"\nphasefix evaluate: {summary['model']} task={summary['task']} period={summary['period']} "
+          f"stride={summary['stride']}, {summary['seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
+    if "flip" in summary:
+        f = summary["flip"]
+        d = np.asarray(f["logp_diff"])
+        span = (d - d.min()) / (np.ptp(d) or 1)
+        print(f"flip {f['completions'][0]!r} vs {f['completions'][1]!r}: range {f['range']:.3f}, flip rate "
+              f"{f['flip_rate']:.2f}, period detected {f['period_detected']} (FFT {f['period_fft']})")
+        print(f"  {tracking_spark(span)}")
+    for pad in PADDINGS:
+        if pad in summary:
+            s = summary[pad]
+            if pad == next(p for p in PADDINGS if p in summary):
+                print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")
+            print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
+                  f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {sparkline(s['per_residue'])}")
+    print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
+
+
+def tracking_spark(values) -> str:
+    from phasefix.tracking import sparkline
+
+    return sparkline([float(v) for v in values])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    try:
+        summary = evaluate(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

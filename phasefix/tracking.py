@@ -181,3 +181,75 @@ def log_metric_values(c: MlflowClient, run_id: str, scalars: Mapping[str, float]
                 if not math.isnan(float(v))]
     for i in range(0, len(metrics), 500):
         c.log_batch(run_id, metrics=metrics[i:i + 500])
+
+
+# ------------------------------------------------------------------------------------------------ reading runs back
+def select_runs(c: MlflowClient, *, experiment: str | None = None, run_ids: "Sequence[str]" = (),
+                tags: Mapping[str, str] | None = None, kinds: "Sequence[str]" = ("fit", "evaluate")) -> list:
+    """Runs by id (in that order), or those of `experiment` whose tags all match and whose `phasefix.kind` is in
+    `kinds` (oldest first). Raises ConfigError naming the option when nothing can be selected (phasefix.report)."""
+    from phasefix.errors import ConfigError
+
+    tags = dict(tags or {})
+    if run_ids:
+        runs = []
+        for rid in run_ids:
+            try:
+                runs.append(c.get_run(rid))
+            except Exception:
+                raise ConfigError(f"runs={rid!r} is invalid: no such MLflow run in {c.tracking_uri}") from None
+    else:
+        exp = c.get_experiment_by_name(experiment or "phasefix")
+        if exp is None:
+            names = sorted(e.name for e in c.search_experiments())
+            raise ConfigError(f"experiment={experiment!r} is invalid: allowed values are "
+                              f"{', '.join(repr(n) for n in names) or '(no experiments yet)'}")
+        filt = " and ".join(f"tags.`{k}` = '{str(v).replace(chr(39), chr(92) + chr(39))}'" for k, v in tags.items())
+        runs, token = [], None
+        while True:
+            page = c.search_runs([exp.experiment_id], filt, max_results=1000, page_token=token,
+                                 order_by=["attributes.start_time ASC"])
+            runs += list(page)
+            token = page.token
+            if not token:
+                break
+    if run_ids:  # asked for by id: every kind but reports
+        return [r for r in runs if r.data.tags.get("phasefix.kind") != "report"]
+    return [r for r in runs if r.data.tags.get("phasefix.kind") in kinds]
+
+
+def metric_curve(c: MlflowClient, run_id: str, key: str) -> list[float]:
+    """A metric's history as a list indexed by step (the last value per step; nan for steps never logged)."""
+    hist = c.get_metric_history(run_id, key)
+    if not hist:
+        return []
+    out = [float("nan")] * (max(m.step for m in hist) + 1)
+    for m in sorted(hist, key=lambda m: (m.timestamp, m.step)):
+        out[m.step] = m.value
+    return out
+
+
+def read_artifact_json(c: MlflowClient, run_id: str, path: str):
+    """A JSON artifact of a run (e.g. summary.json), or None if the run has none."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            local = c.download_artifacts(run_id, path, d)
+        except Exception:
+            return None
+        return read_json(local)
+
+
+def pareto_front(points: "Sequence[Sequence[float]]") -> list[bool]:
+    """Which points are on the Pareto front when every coordinate is maximised (ties: both stay; nan: never)."""
+    pts = [tuple(float(x) for x in p) for p in points]
+    front = []
+    for i, p in enumerate(pts):
+        if any(math.isnan(x) for x in p):
+            front.append(False)
+            continue
+        dominated = any(all(q[k] >= p[k] for k in range(len(p))) and any(q[k] > p[k] for k in range(len(p)))
+                        for j, q in enumerate(pts) if j != i and not any(math.isnan(x) for x in q))
+        front.append(not dominated)
+    return front

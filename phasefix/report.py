@@ -1,0 +1,282 @@
+"""`python -m phasefix.report [experiment=NAME] [runs=ID1,ID2] [tag.KEY=VALUE ...] [kind=fit,evaluate] [out=DIR]`
+
+Compares MLflow runs of `phasefix.fit` and `phasefix.evaluate` by phase and writes, to `out` (default
+outputs/reports/<date>-<time>):
+
+  comparison.csv / comparison.md   mean, worst, best, gap (with cluster-bootstrap intervals of worst and gap),
+                                   detected period, per run and padding
+  phase_curves.png                 the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
+  pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
+  flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
+
+Selection: `runs=` (ids, in that order), else every run of `experiment` (default phasefix) whose tags match all
+`tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
+to a new MLflow run tagged `phasefix.kind=report` (`log=false` skips it). `tracking_uri=` picks the store.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from phasefix.errors import ConfigError, check, check_choice
+
+PADDINGS = ("prefix", "in_sequence")
+KINDS = ("fit", "evaluate")
+COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
+           "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
+           "gap_ci_high", "period_detected", "periodicity_ratio")
+OPTIONS = ("experiment", "runs", "kind", "tracking_uri", "out", "log")
+
+
+def parse_args(argv: Sequence[str] | Mapping) -> dict:
+    given = dict(argv) if isinstance(argv, Mapping) else {}
+    if not isinstance(argv, Mapping):
+        for arg in argv:
+            key, eq, value = arg.partition("=")
+            check(bool(eq) and bool(key), "argument", arg, "must be key=value")
+            given[key] = value
+    opts = dict(experiment=None, runs=[], kind=list(KINDS), tracking_uri=None, out=None, log=True, tags={})
+    for key, value in given.items():
+        if key.startswith("tag."):
+            check(len(key) > 4, "argument", key, "must name a tag: tag.KEY=VALUE")
+            opts["tags"][key[4:]] = str(value)
+            continue
+        check_choice("option", key, OPTIONS + ("tag.KEY",))
+        if key in ("runs", "kind"):
+            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()] if isinstance(value, str) else list(value)
+        if key == "log" and isinstance(value, str):
+            check(value.lower() in ("true", "false"), "log", value, "must be true or false")
+            value = value.lower() == "true"
+        opts[key] = value
+    for k in opts["kind"]:
+        check_choice("kind", k, KINDS)
+    check(not (opts["runs"] and (opts["tags"] or opts["experiment"])), "runs", ",".join(opts["runs"]),
+          "selects runs by id: drop experiment= and tag.* (or drop runs=)")
+    return opts
+
+
+def _num(x) -> float:
+    try:
+        return float(x) if x is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
+    """(table rows per run and padding, phase curves {(run_id, padding): curve}, flip rows)."""
+    from phasefix import tracking
+
+    rows, curves, flips = [], {}, []
+    for run in runs:
+        rid, tags, metrics = run.info.run_id, run.data.tags, run.data.metrics
+        base = {"run_id": rid, "run_name": run.info.run_name or rid[:8], "kind": tags.get("phasefix.kind", ""),
+                "task": tags.get("task", "kv_lookup (trained)" if tags.get("phasefix.kind") == "fit" else ""),
+                "model": tags.get("model", ""), "window": tags.get("window", ""), "stride": tags.get("stride", ""),
+                "mitigations": tags.get("mitigations", ""), "parent": tags.get("mlflow.parentRunId", "")}
+        if "flip/period_detected" in metrics:
+            flips.append({**base, **{k: metrics.get(f"flip/{k}") for k in ("period_detected", "period_fft",
+                                                                            "flip_rate", "range")}})
+        pads = [p for p in PADDINGS if f"final/{p}/acc_mean" in metrics]
+        if not pads:
+            continue
+        summary = tracking.read_artifact_json(c, rid, "summary.json") or {}
+        for pad in pads:
+            s = summary.get(pad, {})
+            wci, gci = s.get("worst_ci") or [None, None], s.get("gap_ci") or [None, None]
+            rows.append({**base, "padding": pad,
+                         **{k: metrics.get(f"final/{pad}/{k}", math.nan) for k in
+                            ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio")},
+                         "worst_ci_low": _num(wci[0]), "worst_ci_high": _num(wci[1]),
+                         "gap_ci_low": _num(gci[0]), "gap_ci_high": _num(gci[1])})
+            curves[(rid, pad)] = tracking.metric_curve(c, rid, f"phase_acc/{pad}")
+    return rows, curves, flips
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        return str(int(v)) if v.is_integer() and abs(v) >= 1 and digits == 0 else f"{v:.{digits}f}"
+    return str(v)
+
+
+def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: _fmt(row.get(k, ""), 0 if k == "period_detected" else 4) for k in columns})
+
+
+def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
+    def ci(lo, hi):
+        return f" [{lo:.2f}, {hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
+
+    lines = ["| run | kind | task | model | W/S | mitigations | padding | mean | worst [95% CI] | best | gap [95% CI] "
+             "| period |", "|" + "---|" * 12]
+    for r in rows:
+        ws = f"{r['window']}/{r['stride']}" if r["window"] else (r["stride"] or "")
+        lines.append(f"| {r['run_name']} (`{r['run_id'][:8]}`) | {r['kind']} | {r['task']} | {r['model']} | {ws} | "
+                     f"{r['mitigations']} | {r['padding']} | {_fmt(r['acc_mean'])} | "
+                     f"{_fmt(r['acc_worst'])}{ci(r['worst_ci_low'], r['worst_ci_high'])} | {_fmt(r['acc_best'])} | "
+                     f"{_fmt(r['acc_gap'])}{ci(r['gap_ci_low'], r['gap_ci_high'])} | "
+                     f"{_fmt(r['period_detected'], 0)} |")
+    if flips:
+        lines += ["", "Flip probe:", "", "| run | model | period detected | FFT period | flip rate | range |",
+                  "|---|---|---|---|---|---|"]
+        for f in flips:
+            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {_fmt(_num(f['period_detected']), 0)}"
+                         f" | {_fmt(_num(f['period_fft']), 2)} | {_fmt(_num(f['flip_rate']), 2)} | "
+                         f"{_fmt(_num(f['range']), 3)} |")
+    return "\n".join(lines) + "\n"
+
+
+def curves_figure(rows: Sequence[Mapping], curves: Mapping):
+    import matplotlib.pyplot as plt
+
+    pads = [p for p in PADDINGS if any(r["padding"] == p for r in rows)]
+    fig, axes = plt.subplots(len(pads), 1, figsize=(8, 3.0 * len(pads)), squeeze=False)
+    strides = {r["stride"] for r in rows if str(r["stride"]).isdigit()}
+    for ax, pad in zip(axes[:, 0], pads):
+        for r in (r for r in rows if r["padding"] == pad):
+            curve = curves.get((r["run_id"], pad)) or []
+            ax.plot(range(len(curve)), curve, marker="o", ms=2.5, lw=1,
+                    label=f"{r['run_name']} ({r['run_id'][:6]}): mean {r['acc_mean']:.2f}, worst {r['acc_worst']:.2f}")
+        if len(strides) == 1:
+            s = int(next(iter(strides)))
+            n = max((len(curves.get((r["run_id"], pad)) or []) for r in rows), default=0)
+            for x in range(0, n, s):
+                ax.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
+        ax.set_title(f"{pad} padding", fontsize=9)
+        ax.set_xlabel("residue of the target key position")
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6, loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
+    """Study members (runs with a parent) per parent and padding, marked on or off the (mean, worst) front."""
+    from phasefix.tracking import pareto_front
+
+    out = []
+    groups: dict[tuple[str, str], list[Mapping]] = {}
+    for r in rows:
+        if r["parent"]:
+            groups.setdefault((r["parent"], r["padding"]), []).append(r)
+    for (parent, pad), members in groups.items():
+        front = pareto_front([(r["acc_mean"], r["acc_worst"]) for r in members])
+        out += [{"parent": parent, "padding": pad, "run_id": r["run_id"], "run_name": r["run_name"],
+                 "mitigations": r["mitigations"], "acc_mean": r["acc_mean"], "acc_worst": r["acc_worst"],
+                 "on_front": bool(f)} for r, f in zip(members, front)]
+    return out
+
+
+def pareto_figure(prows: Sequence[Mapping]):
+    import matplotlib.pyplot as plt
+
+    pads = [p for p in PADDINGS if any(r["padding"] == p for r in prows)]
+    fig, axes = plt.subplots(1, len(pads), figsize=(4.2 * len(pads), 3.8), squeeze=False)
+    for ax, pad in zip(axes[0], pads):
+        for i, parent in enumerate(dict.fromkeys(r["parent"] for r in prows)):
+            pts = [r for r in prows if r["padding"] == pad and r["parent"] == parent]
+            color = f"C{i % 10}"
+            ax.scatter([r["acc_mean"] for r in pts], [r["acc_worst"] for r in pts], s=14, color=color, alpha=0.45,
+                       label=f"study {parent[:8]}")
+            front = sorted((r for r in pts if r["on_front"]), key=lambda r: r["acc_mean"])
+            ax.plot([r["acc_mean"] for r in front], [r["acc_worst"] for r in front], color=color, marker="o", ms=5,
+                    lw=1.2)
+            for r in front:
+                ax.annotate(r["run_name"][:18], (r["acc_mean"], r["acc_worst"]), fontsize=5, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set_xlabel("mean accuracy")
+        ax.set_ylabel("worst-residue accuracy")
+        ax.set_title(f"Pareto front, {pad} padding", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def report(args: Sequence[str] | Mapping = ()) -> dict:
+    """Select runs, write the comparison to `out` and (log=true) log it to a new report run. Returns
+    {out, runs (ids), rows, flips, pareto, files, report_run_id}."""
+    import matplotlib.pyplot as plt
+
+    from phasefix import tracking
+    from phasefix.paths import OUTPUTS_DIR
+
+    opts = parse_args(args)
+    c = tracking.client(opts["tracking_uri"])
+    runs = tracking.select_runs(c, experiment=opts["experiment"], run_ids=opts["runs"], tags=opts["tags"],
+                                kinds=opts["kind"])
+    where = (f"runs={','.join(opts['runs'])}" if opts["runs"] else
+             f"experiment={opts['experiment'] or 'phasefix'} " + " ".join(f"tag.{k}={v}" for k, v in opts["tags"].items()))
+    check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
+    rows, curves, flips = collect(c, runs)
+    check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
+
+    out = Path(opts["out"]) if opts["out"] else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    if rows:
+        write_csv(out / "comparison.csv", rows, COLUMNS)
+        fig = curves_figure(rows, curves)
+        fig.savefig(out / "phase_curves.png", dpi=110)
+        plt.close(fig)
+        files += ["comparison.csv", "phase_curves.png"]
+    (out / "comparison.md").write_text(markdown(rows, flips))
+    files.append("comparison.md")
+    if flips:
+        write_csv(out / "flip.csv", flips, ("run_id", "run_name", "model", "period_detected", "period_fft",
+                                           "flip_rate", "range"))
+        files.append("flip.csv")
+    prows = pareto_rows(rows)
+    if prows:
+        write_csv(out / "pareto.csv", prows, ("parent", "padding", "run_id", "run_name", "mitigations", "acc_mean",
+                                              "acc_worst", "on_front"))
+        fig = pareto_figure(prows)
+        fig.savefig(out / "pareto.png", dpi=110)
+        plt.close(fig)
+        files += ["pareto.csv", "pareto.png"]
+
+    report_run_id = None
+    if opts["log"]:
+        exp_name = opts["experiment"] or (c.get_experiment(runs[0].info.experiment_id).name if runs else "phasefix")
+        exp_id = tracking.get_or_create_experiment(c, exp_name)
+        ids = [r.info.run_id for r in runs]
+        run = c.create_run(exp_id, run_name=f"report-{len(ids)}-runs", tags={
+            "phasefix.kind": "report", "phasefix.report_runs": ",".join(ids)[:5000], "git_commit": tracking.git_commit(),
+            "output_dir": str(out.resolve())})
+        report_run_id = run.info.run_id
+        tracking.log_params(c, report_run_id, {"selection": where.strip(), "kind": ",".join(opts["kind"]),
+                                               "num_runs": len(ids)})
+        for name in files:
+            c.log_artifact(report_run_id, str(out / name))
+        c.set_terminated(report_run_id, status="FINISHED")
+    return {"out": str(out), "runs": [r.info.run_id for r in runs], "rows": rows, "flips": flips, "pareto": prows,
+            "files": files, "report_run_id": report_run_id}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    try:
+        res = report(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((Path(res["out"]) / "comparison.md").read_text(), end="")
+    print(f"\n{len(res['runs'])} runs; written to {res['out']}: {', '.join(res['files'])}"
+          + (f"; logged to MLflow run {res['report_run_id']}" if res["report_run_id"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Phase-controlled prompts as text, through any Hugging Face tokenizer (used by `phasefix.evaluate`).
+
+The layout mirrors `phasefix.data.phase_eval` (science.md section 4), with tokens replaced by rendered text pieces.
+Every piece is tokenised on its own and the ids are concatenated, so token positions are known exactly:
+
+    header, filler and R records (gaps g_0 .. g_R, sum G), D demonstrations, the target key and separator
+
+kv_lookup: a record is the line ``"{animal}: {name}\\n"`` (the paper's animal-to-name lookup).
+needle:    a record is the line ``"{colour} {animal}: {name} {name}\\n"`` (a 2-word key, a 2-word value), many of
+           them, with the target drawn from a window of ``target_span`` tokens centred on the records.
+Filler: single-token decorative pieces (".", "-", "*", ...), drawn at random per position.
+
+Words are kept only when their piece tokenises to the most common length in their list, so every record has the
+same number of tokens; values are also kept distinct in their first token (``answer`` is that token).
+``target_pos`` is the position of the target key's first token; ``residue = target_pos % period``. Target positions
+come from `phase_eval.balanced_positions` (matched mean and variance across residue groups), the prompt length and
+the query position (the last token) are the same for every prompt, and cluster c (one key-value mapping) is
+evaluated once at every residue.
+
+Prompts are generated lazily, a batch at a time, from per-cluster and per-prompt seeds, so a 128K-token set never
+exists in memory as a whole. The flipping-completion probe (`FlipProbe`) is here too.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from phasefix.data.phase_eval import MIN_SPAN_PERIODS, PADDINGS, balanced_positions
+from phasefix.errors import ConfigError, check, check_choice
+
+TEXT_TASKS = ("kv_lookup", "needle")
+
+ANIMALS = """cat dog horse cow pig sheep goat duck goose chicken rabbit mouse rat fox wolf bear deer moose elk lion
+tiger leopard cheetah panther jaguar zebra giraffe camel llama donkey mule bison buffalo hippo rhino elephant monkey
+gorilla ape lemur bat owl hawk eagle falcon crow raven dove pigeon parrot swan heron crane stork robin sparrow finch
+wren lark gull penguin seal otter beaver badger mole hedgehog squirrel skunk raccoon possum weasel ferret mink lynx
+hyena jackal coyote frog toad newt lizard snake turtle tortoise crocodile shark whale dolphin salmon trout cod eel
+crab lobster shrimp squid octopus snail slug worm ant bee wasp moth beetle spider fly flea tick yak ox boar hare
+kitten puppy calf lamb pony koala panda sloth walrus""".split()
+NAMES = """Anna Ben Carl Dana Emma Frank Grace Henry Ivan Jack Kate Leo Mary Nick Olga Paul Quinn Rose Sam Tom Uma
+Vera Walt Xena Yuri Zoe Alice Bob Clara David Eric Fiona George Helen Isaac Julia Kevin Laura Mike Nina Oscar Peter
+Rita Steve Tina Victor Wendy Adam Beth Chris Diana Ethan Fred Gina Hugo Iris James Karen Luke Maria Noah Owen Pam
+Ryan Sara Tony Ursula Vince Will Amy Bill Cindy Dan Eva Gary Holly Ian Jane Kim Larry Megan Ned Pat Ray Sue Ted
+Val Alan Brian Carol Derek Ellen Gavin Hannah Jason Lily Mark Nora Phil Rachel Scott Tara Wayne Ada Bruce Chloe
+Dean Elsa Felix Greg Heidi Jill Kurt Lisa Max Neil Ruth Sean""".split()
+COLOURS = """red blue green black white brown pink grey gold silver orange purple yellow violet amber ivory teal navy
+olive coral ruby jade plum rust""".split()
+FILLER = (".", "-", "*", "~", "=", "+", "#", "_", "|", ":")
+
+TEXT_DEFAULTS = {
+    "kv_lookup": dict(num_records=64, num_demos=8, num_filler=4, max_pad=None, target_span=None, max_length=None),
+    "needle": dict(num_records=1024, num_demos=8, num_filler=4, max_pad=None, target_span=None, max_length=None),
+}
+HEADERS = {
+    "kv_lookup": "Each line names an animal and its keeper. Remember who keeps which animal.\n",
+    "needle": "Each line gives a coloured animal and the two people who look after it. Remember them.\n",
+}
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Ids of one piece, without special tokens."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def word_table(tokenizer, words: Sequence[str], template: str, need: int, what: str,
+               distinct_first: bool = False) -> np.ndarray:
+    """Token ids [n, length] of ``template.format(word)`` for the words whose piece has the most common length.
+
+    ``distinct_first``: also keep only one word per first token (the answer is scored on the first token)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    pieces = [encode(tokenizer, template.format(w)) for w in words]
+    pieces = [p for p in pieces if p and (unk is None or unk not in p)]
+    lengths = Counter(len(p) for p in pieces)
+    if not lengths:
+        raise ConfigError(f"model={getattr(tokenizer, 'name_or_path', '')!r} is invalid: its tokenizer cannot render "
+                          f"any {what}")
+    length = max(lengths, key=lambda n: (lengths[n], -n))
+    out, seen = [], set()
+    for p in pieces:
+        key = p[0] if distinct_first else tuple(p)
+        if len(p) == length and key not in seen:
+            seen.add(key)
+            out.append(p)
+    if len(out) < need:
+        raise ConfigError(f"num_records is invalid: the tokenizer renders only {len(out)} {what} of equal token "
+                          f"length, need >= {need} (lower num_records)")
+    return np.asarray(out, dtype=np.int64)
+
+
+def filler_ids(tokenizer, num_filler: int) -> np.ndarray:
+    """Up to ``num_filler`` decorative pieces that are exactly one token each."""
+    check(isinstance(num_filler, int) and num_filler >= 1, "num_filler", num_filler, "must be an integer >= 1")
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids = []
+    for piece in FILLER:
+        p = encode(tokenizer, piece)
+        if len(p) == 1 and p[0] not in special and p[0] not in ids:
+            ids.append(p[0])
+    if not ids:
+        raise ConfigError("model is invalid: its tokenizer has no single-token filler piece among "
+                          + " ".join(FILLER))
+    return np.asarray(ids[:num_filler], dtype=np.int64)
+
+
+def header_ids(tokenizer, text: str) -> list[int]:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ([bos] if bos is not None else []) + encode(tokenizer, text)
+
+
+class TextPhaseSet:
+    """A phase-controlled retrieval set for one tokenizer; rows are ordered by cluster, then residue.
+
+    ``batches(batch_size)`` yields dicts of numpy arrays: input_ids [B, length] (int64), answer, target_pos,
+    query_pos, residue, cluster [B]. ``row(i)`` builds one prompt. Options (defaults in TEXT_DEFAULTS):
+    num_records, num_demos, num_filler, max_pad (total filler G), target_span (needle), max_length (the prompt
+    length in tokens: sets max_pad, and for needle without num_records also the number of records).
+    """
+
+    def __init__(self, tokenizer, task: str = "kv_lookup", padding: str = "prefix", period: int = 24,
+                 per_residue: int = 48, seed: int = 0, **options):
+        check_choice("task", task, TEXT_TASKS)
+        check_choice("padding", padding, PADDINGS)
+        check(isinstance(period, int) and period >= 1, "period", period, "must be an integer >= 1")
+        check(isinstance(per_residue, int) and per_residue >= 1, "per_residue", per_residue,
+              "must be an integer >= 1")
+        kw = dict(TEXT_DEFAULTS[task])
+        given = {k for k, v in options.items() if v is not None}
+        for key, value in options.items():
+            check_choice(f"{task} option", key, tuple(kw))
+            if value is not None:
+                kw[key] = value
+        self.task, self.padding, self.period, self.per_residue, self.seed = task, padding, period, per_residue, seed
+        self.options = kw
+
+        self.header = np.asarray(header_ids(tokenizer, HEADERS[task]), dtype=np.int64)
+        self.filler = filler_ids(tokenizer, kw["num_filler"])
+        self.sep = np.asarray(encode(tokenizer, ":"), dtype=np.int64)
+        self.newline = np.asarray(encode(tokenizer, "\n"), dtype=np.int64)
+        R, D = kw["num_records"], kw["num_demos"]
+        max_length = kw["max_length"]
+        if task == "kv_lookup":
+            keys = word_table(tokenizer, ANIMALS, "{}", 1, "animals")
+            self.key_parts = [keys]
+            self.values = word_table(tokenizer, NAMES, " {}", 2, "names", distinct_first=True)
+            self.value_parts = 1
+        else:
+            colours = word_table(tokenizer, COLOURS, "{}", 1, "colours")
+            animals = word_table(tokenizer, ANIMALS, " {}", 1, "animals")
+            self.key_parts = [colours, animals]
+            self.values = word_table(tokenizer, NAMES, " {}", 2, "names", distinct_first=True)
+            self.value_parts = 2
+        self.key_len = sum(p.shape[1] for p in self.key_parts)
+        self.value_len = self.values.shape[1] * self.value_parts
+        self.rec_len = L = self.key_len + self.sep.size + self.value_len + self.newline.size
+        self.query_len = self.key_len + self.sep.size
+        H = self.header.size
+        self.num_distinct_keys = int(np.prod([p.shape[0] for p in self.key_parts]))
+
+        if max_length is not None:
+            check(isinstance(max_length, int) and max_length >= 1, "max_length", max_length,
+                  "must be an integer >= 1 or null")
+            fixed = H + self.query_len
+            if task == "needle" and "num_records" not in given:
+                # as many records as fit, leaving at least one period of filler
+                R = max(D + 1, (max_length - fixed - L * D - max(period - 1, L - 1)) // L)
+            check("max_pad" not in given, "max_pad", kw["max_pad"], "cannot be given together with max_length")
+            kw["max_pad"] = max_length - fixed - L * (R + D)
+            check(kw["max_pad"] >= L - 1, "max_length", max_length,
+                  f"is too short for {R} records of {L} tokens and {D} demonstrations: need >= "
+                  f"{fixed + L * (R + D) + L - 1}")
+        for key, value in dict(num_records=R, num_filler=kw["num_filler"]).items():
+            check(isinstance(value, int) and value >= 1, key, value, "must be an integer >= 1")
+        check(isinstance(D, int) and 0 <= D < R, "num_demos", D,
+              f"must be an integer in [0, num_records) = [0, {R}) (demonstrations are non-target records)")
+        check(self.num_distinct_keys >= R, "num_records", R,
+              f"must be <= {self.num_distinct_keys}, the distinct keys this tokenizer renders at equal length")
+        G = kw["max_pad"]
+        if G is None:
+            G = max(period - 1, MIN_SPAN_PERIODS * period - 1 - L * (R - 1))
+        check(isinstance(G, int) and G >= L - 1, "max_pad", G, f"must be an integer >= {L - 1} (record length - 1)")
+        self.R, self.D, self.G = R, D, G
+        self.length = H + G + L * (R + D) + self.query_len
+        self.query_pos = self.length - 1
+
+        lo, hi = H, H + G + L * (R - 1)
+        if task == "needle":
+            span = kw["target_span"]
+            check(span is None or (isinstance(span, int) and span >= 1), "target_span", span,
+                  "must be an integer >= 1 or null")
+            span = span if span is not None else 8 * period
+            mid = (lo + hi) // 2
+            lo, hi = max(lo, mid - span // 2), min(hi, mid - span // 2 + span - 1)
+        else:
+            check(kw["target_span"] is None, "target_span", kw["target_span"], "applies to task='needle' only")
+        check(hi - lo + 1 >= MIN_SPAN_PERIODS * period, "max_pad" if task == "kv_lookup" else "target_span",
+              G if task == "kv_lookup" else kw["target_span"],
+              f"leaves target positions spanning {hi - lo + 1} tokens: need >= {MIN_SPAN_PERIODS} * period = "
+              f"{MIN_SPAN_PERIODS * period} (raise it or num_records, or lower period)")
+        self.lo, self.hi = lo, hi
+        positions = balanced_positions(lo, hi, period, per_residue)  # [period, n]
+        rng = np.random.default_rng([seed, 0])
+        self.placement = np.stack([rng.permutation(positions[r]) for r in range(period)], axis=1)  # [n, period]
+        self._mapping_cache: tuple[int, tuple] | None = None
+
+    def __len__(self) -> int:
+        return self.per_residue * self.period
+
+    def describe(self) -> dict:
+        return dict(task=self.task, padding=self.padding, period=self.period, per_residue=self.per_residue,
+                    num_prompts=len(self), prompt_length=self.length, query_pos=self.query_pos,
+                    num_records=self.R, num_demos=self.D, max_pad=self.G, record_tokens=self.rec_len,
+                    header_tokens=int(self.header.size), target_window=[self.lo, self.hi])
+
+    # ---------------------------------------------------------------- generation
+    def _mapping(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Cluster c's records [R, rec_len] (target in row 0) and demonstrated rows (never 0)."""
+        if self._mapping_cache is not None and self._mapping_cache[0] == c:
+            return self._mapping_cache[1]
+        rng = np.random.default_rng([self.seed, 1, c])
+        sizes = [p.shape[0] for p in self.key_parts]
+        flat = rng.choice(self.num_distinct_keys, self.R, replace=False)
+        parts = []
+        for i, (table, size) in enumerate(zip(self.key_parts, sizes)):
+            stride = int(np.prod(sizes[i + 1:]))
+            parts.append(table[flat // stride % size])
+        values = self.values[rng.integers(0, self.values.shape[0], (self.R, self.value_parts))]  # [R, parts, len]
+        R = self.R
+        records = np.concatenate(parts + [np.broadcast_to(self.sep, (R, self.sep.size)),
+                                          values.reshape(R, -1),
+                                          np.broadcast_to(self.newline, (R, self.newline.size))], axis=1)
+        demos = 1 + rng.permutation(R - 1)[:self.D]
+        self._mapping_cache = (c, (records, demos))
+        return records, demos
+
+    def row(self, i: int) -> dict:
+        P = self.period
+        c, r = divmod(int(i), P)
+        records, demos = self._mapping(c)
+        x = int(self.placement[c, r])
+        rng = np.random.default_rng([self.seed, 2, c, r])
+        R, G, L, H = self.R, self.G, self.rec_len, self.header.size
+        # Target record index j: the filler before it, x - H - L*j, must lie in [0, G].
+        j = int(rng.integers(max(0, -((G - x + H) // L)), min(R - 1, (x - H) // L) + 1))
+        before = x - H - L * j
+        if self.padding == "prefix":
+            gaps = np.zeros(R + 1, dtype=np.int64)
+            gaps[0], gaps[R] = before, G - before
+        else:
+            gaps = np.concatenate([rng.multinomial(before, np.full(j + 1, 1.0 / (j + 1))),
+                                   rng.multinomial(G - before, np.full(R - j, 1.0 / (R - j)))])
+        order = np.concatenate([np.arange(1, j + 1), [0], np.arange(j + 1, R)])
+        starts = H + L * np.arange(R) + np.cumsum(gaps[:R])
+        ids = self.filler[rng.integers(0, self.filler.size, self.length)]
+        ids[:H] = self.header
+        ids[starts[:, None] + np.arange(L)] = records[order]
+        demo_start = H + G + L * R
+        ids[demo_start:demo_start + L * self.D] = records[demos].reshape(-1)
+        ids[-self.query_len:] = records[0, :self.query_len]
+        assert starts[j] == x
+        return dict(input_ids=ids, answer=int(records[0, self.query_len]), target_pos=x, query_pos=self.query_pos,
+                    residue=x % P, cluster=c)
+
+    def batches(self, batch_size: int, start: int = 0) -> Iterator[dict]:
+        check(isinstance(batch_size, int) and batch_size >= 1, "batch_size", batch_size, "must be an integer >= 1")
+        for lo in range(start, len(self), batch_size):
+            rows = [self.row(i) for i in range(lo, min(lo + batch_size, len(self)))]
+            yield {k: np.stack([row[k] for row in rows]) if k == "input_ids" else np.asarray([row[k] for row in rows])
+                   for k in rows[0]}
+
+
+# -------------------------------------------------------------------------------------------- flip probe
+FLIP_PROMPT = ("# geometry.py\n", "\ndef area(width, height):\n    return width", (" * height", " + height"))
+
+
+class FlipProbe:
+    """The flipping-completion probe: ``header, filler (f tokens), snippet`` then one of two completions.
+
+    The filler is one decorative single-token piece repeated f times, for f in ``start .. start + lengths - 1``:
+    everything after it shifts by one position per step, so a phase-sensitive model's preference between the
+    completions oscillates with the compression stride. ``sequences(which)`` yields (f, ids) for completion 0 or 1.
+    """
+
+    def __init__(self, tokenizer, period: int = 24, lengths: int | None = None, start: int = 0,
+                 prompt: Sequence = FLIP_PROMPT):
+        check(isinstance(period, int) and period >= 1, "period", period, "must be an integer >= 1")
+        lengths = MIN_SPAN_PERIODS * period if lengths is None else lengths
+        check(isinstance(lengths, int) and lengths >= MIN_SPAN_PERIODS * period, "lengths", lengths,
+              f"must be an integer >= {MIN_SPAN_PERIODS} * period = {MIN_SPAN_PERIODS * period} (at least "
+              f"{MIN_SPAN_PERIODS} periods of filler lengths)")
+        check(isinstance(start, int) and start >= 0, "start", start, "must be an integer >= 0")
+        head, snippet, completions = prompt
+        self.period, self.lengths, self.start = period, lengths, start
+        self.head = np.asarray(header_ids(tokenizer, head), dtype=np.int64)
+        self.filler = int(filler_ids(tokenizer, 1)[0])
+        self.snippet = np.asarray(encode(tokenizer, snippet), dtype=np.int64)
+        self.completions = [np.asarray(encode(tokenizer, c), dtype=np.int64) for c in completions]
+        self.completion_text = tuple(completions)
+        check(all(c.size for c in self.completions), "prompt", completions, "completions must not be empty")
+
+    @property
+    def filler_lengths(self) -> np.ndarray:
+        return np.arange(self.start, self.start + self.lengths)
+
+    def prompt(self, f: int) -> np.ndarray:
+        return np.concatenate([self.head, np.full(f, self.filler, dtype=np.int64), self.snippet])
+
+    def sequences(self, which: int) -> Iterator[tuple[int, np.ndarray, int]]:
+        """(filler length, prompt + completion ids, index of the completion's first token)."""
+        for f in self.filler_lengths:
+            p = self.prompt(int(f))
+            yield int(f), np.concatenate([p, self.completions[which]]), p.size
+
+    def describe(self) -> dict:
+        return dict(period=self.period, lengths=self.lengths, start=self.start,
+                    completions=list(self.completion_text), snippet_start=int(self.head.size + self.start),
+                    prompt_length_min=int(self.prompt(self.start).size),
+                    prompt_length_max=int(self.prompt(self.start + self.lengths - 1).size))
+
+
+def fft_period(curve: np.ndarray) -> float:
+    """The period (in samples) of the strongest non-constant Fourier component of a curve (nan if flat)."""
+    x = np.asarray(curve, dtype=np.float64)
+    x = x - x.mean()
+    if x.size < 4 or not np.any(np.abs(x) > 1e-12):
+        return float("nan")
+    power = np.abs(np.fft.rfft(x))[1:]
+    k = int(np.argmax(power)) + 1
+    return float(x.size / k)

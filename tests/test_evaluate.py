@@ -1,0 +1,234 @@
+"""`phasefix.evaluate` on a tiny random Hugging Face Qwen3 with a tokenizer trained here, and on a phasefix checkpoint.
+
+Residue groups and positions are recomputed independently of `phasefix.text_prompts`: the target key is read off
+the decoded last line of the prompt, re-tokenised from the word lists' templates, and searched for in the ids.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from phasefix.errors import ConfigError
+from phasefix.evaluate import evaluate, logits_at, main
+from phasefix.text_prompts import ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe, TextPhaseSet
+
+PERIOD = 24
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A byte-level BPE tokenizer trained on the templates' words and a random 2-layer Qwen3, saved together."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    rng = random.Random(0)
+    corpus = list(HEADERS.values()) + [FLIP_PROMPT[0] + FLIP_PROMPT[1] + c for c in FLIP_PROMPT[2]] + [" ".join(FILLER)]
+    for _ in range(3):
+        for a in ANIMALS:
+            corpus.append(f"{a}: {rng.choice(NAMES)}\n{rng.choice(COLOURS)} {a}: {rng.choice(NAMES)} "
+                          f"{rng.choice(NAMES)}\n")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    path = tmp_path_factory.mktemp("hf") / "tiny-qwen3"
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(hf_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_dir)
+
+
+def ids_of(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def find_all(seq: list[int], sub: list[int]) -> list[int]:
+    return [i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub]
+
+
+def check_prompt(tok, task, ids, row):
+    """Recompute the target position and answer of one prompt from its text and a fresh tokenisation."""
+    ids = [int(i) for i in ids]
+    last_line = tok.decode(ids).rsplit("\n", 1)[1]
+    assert last_line.endswith(":")
+    words = last_line[:-1].split(" ")
+    if task == "kv_lookup":
+        (animal,) = words
+        assert animal in ANIMALS
+        key = ids_of(tok, animal)
+    else:
+        colour, animal = words
+        assert colour in COLOURS and animal in ANIMALS
+        key = ids_of(tok, colour) + ids_of(tok, " " + animal)
+    sep = ids_of(tok, ":")
+    hits = find_all(ids, key + sep)
+    assert len(hits) == 2 and hits[1] == len(ids) - len(key + sep)  # once among the records, once as the query
+    pos = hits[0]
+    value_at = pos + len(key + sep)
+    name = tok.decode(ids[value_at:]).split("\n", 1)[0].strip().split(" ")[0]
+    assert name in NAMES and ids[value_at] == ids_of(tok, " " + name)[0] == row["answer"]
+    return pos
+
+
+@pytest.mark.parametrize("task,padding", [("kv_lookup", "prefix"), ("kv_lookup", "in_sequence"),
+                                          ("needle", "prefix"), ("needle", "in_sequence")])
+def test_text_sets_balanced_groups_at_recomputed_positions(tokenizer, task, padding):
+    n = PERIOD  # a multiple of the period: means match exactly
+    kw = dict(num_records=32) if task == "needle" else {}
+    prompts = TextPhaseSet(tokenizer, task, padding, period=PERIOD, per_residue=n, seed=3, **kw)
+    positions, residues, clusters, lengths, queries = [], [], [], set(), set()
+    for batch in prompts.batches(100):
+        for b in range(len(batch["answer"])):
+            row = {k: v[b] for k, v in batch.items()}
+            pos = check_prompt(tokenizer, task, row["input_ids"], row)
+            assert pos == row["target_pos"] and pos % PERIOD == row["residue"]
+            positions.append(pos)
+            residues.append(pos % PERIOD)
+            clusters.append(int(row["cluster"]))
+            lengths.add(len(row["input_ids"]))
+            queries.add(int(row["query_pos"]))
+    assert lengths == {prompts.length} and queries == {prompts.length - 1}
+    positions, residues = np.array(positions), np.array(residues)
+    assert np.bincount(residues, minlength=PERIOD).tolist() == [n] * PERIOD
+    for c in set(clusters):  # every key-value mapping is evaluated once at every residue
+        assert sorted(residues[np.array(clusters) == c]) == list(range(PERIOD))
+    means = [positions[residues == r].mean() for r in range(PERIOD)]
+    stds = [positions[residues == r].std() for r in range(PERIOD)]
+    assert np.ptp(means) < 1e-9
+    assert np.ptp(stds) < 0.02 * np.mean(stds)
+    # kv_lookup in-sequence padding moves distractors relative to the target; prefix padding does not
+    if padding == "in_sequence":
+        assert len({row.tobytes() for row in next(prompts.batches(PERIOD))["input_ids"][:, :-10]}) == PERIOD
+
+
+def test_long_prompts_are_generated_lazily(tokenizer):
+    prompts = TextPhaseSet(tokenizer, "needle", "prefix", period=PERIOD, per_residue=2, max_length=3000)
+    assert prompts.length == 3000 and prompts.R > 300
+    batches = prompts.batches(4)
+    assert not isinstance(batches, (list, tuple))
+    first = next(batches)
+    assert first["input_ids"].shape == (4, 3000)
+    assert check_prompt(tokenizer, "needle", first["input_ids"][1], {k: v[1] for k, v in first.items()}) == \
+        first["target_pos"][1]
+    with pytest.raises(ConfigError, match="max_length"):
+        TextPhaseSet(tokenizer, "kv_lookup", "prefix", max_length=100)
+
+
+def run_args(tmp_path, name):
+    return [f"tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"out={tmp_path / name}", "progress=false",
+            "n_boot=20", "experiment=eval-test"]
+
+
+@pytest.mark.parametrize("task", ["kv_lookup", "needle"])
+def test_evaluate_hf_model_logs_like_a_fit(hf_dir, tmp_path, task):
+    extra = ["num_records=24"] if task == "needle" else []
+    summary = evaluate([f"model={hf_dir}", f"task={task}", "per_residue=2", "batch_size=16"] + extra
+                       + run_args(tmp_path, "out"))
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    for pad in ("prefix", "in_sequence"):
+        s = summary[pad]
+        assert s["count"] == [2] * PERIOD and len(s["per_residue"]) == PERIOD
+        assert 0 <= s["acc_worst"] <= s["acc_mean"] <= s["acc_best"] <= 1
+        assert summary["prompts"][pad]["query_pos"] == summary["prompts"][pad]["prompt_length"] - 1
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = c.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["phasefix.kind"] == "evaluate" and run.data.tags["task"] == task
+    assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "phase_acc/prefix")) == list(range(PERIOD))
+    assert "final/in_sequence/acc_worst" in run.data.metrics
+    assert {"phase_curves.png", "phase_table.csv", "summary.json"} <= {a.path for a in c.list_artifacts(run.info.run_id)}
+
+
+def test_flip_probe_gives_a_difference_per_length(hf_dir, tokenizer, tmp_path):
+    summary = evaluate([f"model={hf_dir}", "task=flip", "period=8", "batch_size=7"] + run_args(tmp_path, "flip"))
+    f = summary["flip"]
+    assert f["filler_lengths"] == list(range(32)) and len(f["logp_diff"]) == 32
+    assert isinstance(f["period_detected"], int) and 1 <= f["period_detected"] <= 8
+    assert np.all(np.isfinite(f["logp_diff"]))
+    # the batched, right-padded scoring agrees with one unpadded forward over the full logits
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    probe = FlipProbe(tokenizer, period=8)
+    for length in (0, 13):
+        logp = []
+        for which in (0, 1):
+            _, ids, start = list(probe.sequences(which))[length]
+            with torch.no_grad():
+                lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+            logp.append(sum(float(lp[start - 1 + k, ids[start + k]]) for k in range(len(ids) - start)))
+        assert f["logp_diff"][length] == pytest.approx(logp[0] - logp[1], abs=1e-4)
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert len(c.get_metric_history(summary["mlflow_run_id"], "flip/logp_diff")) == 32
+    with pytest.raises(ConfigError, match="lengths"):
+        FlipProbe(tokenizer, period=8, lengths=31)
+
+
+def test_logits_at_matches_full_logits(hf_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    ids = torch.randint(0, 500, (2, 40))
+    with torch.no_grad():
+        full = model(ids).logits
+        part = logits_at(model, ids, torch.tensor([3, 39]))
+    torch.testing.assert_close(part, full[:, [3, 39]], atol=1e-5, rtol=1e-4)
+
+
+def test_phasefix_checkpoint_uses_its_training_task(tmp_path):
+    from omegaconf import OmegaConf
+
+    from phasefix.fit import compose
+    from phasefix.module import PhaseFixModule
+
+    cfg = compose([])
+    module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                            optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=1,
+                            paddings=("prefix",), period=24)
+    run_dir = tmp_path / "fitrun"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()},
+               run_dir / "checkpoints" / "last.ckpt")
+    summary = evaluate([f"model={run_dir}", "task=kv_lookup", "per_residue=1", "padding=prefix"]
+                       + run_args(tmp_path, "out"))
+    assert summary["stride"] == cfg.model.stride and summary["period"] == 24
+    assert summary["prefix"]["count"] == [1] * 24 and "in_sequence" not in summary
+    assert summary["prompts"]["prefix"]["num_records"] == cfg.data.num_records
+    with pytest.raises(ConfigError, match="task='flip'|Hugging Face"):
+        evaluate([f"model={run_dir}", "task=flip"] + run_args(tmp_path, "out2"))
+
+
+@pytest.mark.parametrize("args,key", [(["task=kv_lookup"], "model="), (["model=/nonexistent", "task=kv_lookup"], "model="),
+                                      (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "option=")])
+def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):
+    assert main(args + [f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and key in err and "\n" not in err

@@ -1,0 +1,134 @@
+"""`phasefix.report` over runs logged directly with the tracking helpers (a study parent with two fit children and
+an evaluate run): the table, the overlaid curves, the Pareto front, selection by tags and ids, the report run."""
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from phasefix import tracking
+from phasefix.metrics import PhaseAccuracy
+from phasefix.report import main, report
+
+PERIOD = 24
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def phase_result(seed: int, base: float, dip: float) -> dict:
+    """PhaseAccuracy.compute() on synthetic outcomes: accuracy `base`, `dip` lower at residues 3 mod 4."""
+    rng = np.random.default_rng(seed)
+    residue = np.repeat(np.arange(PERIOD), 40)
+    p = np.where(residue % 4 == 3, base - dip, base)
+    metric = PhaseAccuracy(PERIOD, fold_stride=4, n_boot=50)
+    metric.update(torch.from_numpy(rng.random(residue.size) < p), torch.from_numpy(residue),
+                  torch.from_numpy(np.tile(np.arange(40), PERIOD)))
+    return metric.compute()
+
+
+def log_run(c, exp_id, name, kind, seed, base, dip, tags=None):
+    run_id = c.create_run(exp_id, run_name=name, tags={"phasefix.kind": kind, "model": "tiny", "window": "4",
+                                                       "stride": "4", **(tags or {})}).info.run_id
+    summary = {"mlflow_run_id": run_id}
+    for pad in ("prefix", "in_sequence"):
+        res = phase_result(seed + (pad == "prefix"), base, dip)
+        tracking.log_phase_result(c, run_id, pad, res)
+        summary[pad] = {k: res[k].tolist() for k in ("acc_mean", "acc_worst", "worst_ci", "gap_ci")}
+    c.log_dict(run_id, summary, "summary.json")
+    c.set_terminated(run_id)
+    return run_id
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    exp = tracking.get_or_create_experiment(c, "study-exp")
+    parent = c.create_run(exp, run_name="study", tags={"phasefix.kind": "study"}).info.run_id
+    ids = {
+        "baseline": log_run(c, exp, "baseline", "fit", 1, 0.98, 0.5,
+                            {"mitigations": "none", "mlflow.parentRunId": parent}),
+        "jitter": log_run(c, exp, "jitter", "fit", 2, 0.8, 0.05,
+                          {"mitigations": "phase_jitter", "mlflow.parentRunId": parent}),
+        "dominated": log_run(c, exp, "dominated", "fit", 3, 0.6, 0.3,
+                             {"mitigations": "head_coord", "mlflow.parentRunId": parent}),
+        "evaluate": log_run(c, exp, "eval-hf", "evaluate", 4, 0.7, 0.0, {"task": "needle"}),
+    }
+    return uri, c, ids, parent
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_over_an_experiment_writes_table_curves_and_pareto(store, tmp_path):
+    uri, c, ids, parent = store
+    res = report([f"tracking_uri={uri}", "experiment=study-exp", f"out={tmp_path / 'rep'}"])
+    out = tmp_path / "rep"
+    assert set(res["runs"]) == set(ids.values())  # the study parent itself is not a fit/evaluate run
+    rows = read_csv(out / "comparison.csv")
+    assert len(rows) == 8 and {r["padding"] for r in rows} == {"prefix", "in_sequence"}
+    base = next(r for r in rows if r["run_name"] == "baseline" and r["padding"] == "prefix")
+    run = c.get_run(ids["baseline"])
+    assert float(base["acc_mean"]) == pytest.approx(run.data.metrics["final/prefix/acc_mean"], abs=1e-4)
+    assert float(base["acc_gap"]) > 0.3 and float(base["worst_ci_low"]) <= float(base["acc_worst"]) <= float(
+        base["worst_ci_high"])
+    assert base["period_detected"] == "4" and base["parent"] == parent
+    md = (out / "comparison.md").read_text()
+    assert md.count("\n| ") == 1 + 8 and "jitter" in md and "[" in md
+    for png in ("phase_curves.png", "pareto.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    front = {(r["run_name"], r["padding"]): r["on_front"] for r in read_csv(out / "pareto.csv")}
+    assert len(front) == 6  # the three study members, per padding; the evaluate run has no parent
+    assert front[("jitter", "prefix")] == "True" and front[("baseline", "prefix")] == "True"
+    assert front[("dominated", "prefix")] == "False"
+
+    rep = c.get_run(res["report_run_id"])
+    assert rep.data.tags["phasefix.kind"] == "report"
+    assert {"comparison.csv", "comparison.md", "phase_curves.png", "pareto.png"} <= {
+        a.path for a in c.list_artifacts(rep.info.run_id)}
+    again = report([f"tracking_uri={uri}", "experiment=study-exp", f"out={tmp_path / 'rep2'}", "log=false"])
+    assert res["report_run_id"] not in again["runs"] and again["report_run_id"] is None
+
+
+def test_report_selects_by_ids_tags_and_kind(store, tmp_path, capsys):
+    uri, c, ids, _ = store
+    two = report([f"tracking_uri={uri}", f"runs={ids['jitter']},{ids['evaluate']}", f"out={tmp_path / 'a'}",
+                  "log=false"])
+    assert two["runs"] == [ids["jitter"], ids["evaluate"]]
+    assert (tmp_path / "a" / "phase_curves.png").exists() and len(two["pareto"]) == 2  # jitter, both paddings
+    one = report([f"tracking_uri={uri}", "experiment=study-exp", "tag.mitigations=phase_jitter",
+                  f"out={tmp_path / 'b'}", "log=false"])
+    assert one["runs"] == [ids["jitter"]]
+    evals = report([f"tracking_uri={uri}", "experiment=study-exp", "kind=evaluate", f"out={tmp_path / 'c'}",
+                    "log=false"])
+    assert evals["runs"] == [ids["evaluate"]] and not evals["pareto"]
+    assert main([f"tracking_uri={uri}", "experiment=study-exp", "tag.mitigations=none", f"out={tmp_path / 'd'}",
+                 "log=false"]) == 0
+    assert "baseline" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,key", [(["experiment=nope"], "experiment="), (["runs=abc"], "runs="),
+                                      (["kind=study"], "kind="), (["colour=red"], "option="),
+                                      (["experiment=study-exp", "tag.model=none-such"], "selection=")])
+def test_report_bad_selection_exits_2(store, args, key, capsys, tmp_path):
+    uri = store[0]
+    assert main([f"tracking_uri={uri}", f"out={tmp_path / 'x'}"] + args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and key in err and "\n" not in err
+
+
+def test_pareto_front():
+    assert tracking.pareto_front([(0.9, 0.4), (0.8, 0.8), (0.7, 0.7), (0.9, 0.4), (math.nan, 1.0)]) == [
+        True, True, False, True, False]
