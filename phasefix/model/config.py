@@ -48,7 +48,7 @@ class ModelConfig:
     attention_sink: bool = False  # a learnable per-head logit joins the softmax denominator
     grid_offsets: list[int] = field(default_factory=list)  # per-layer shift of the window grid (cycled over layers)
     attn_impl: str = "torch"  # torch (reference), triton (kernels/), auto (triton on CUDA)
-    query_block: int = 256  # queries per block in the reference path (bounds memory at long T)
+    query_block: int = 128  # queries per block in the reference path (bounds memory at long T)
 
     def __post_init__(self):
         self.validate()
