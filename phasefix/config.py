@@ -25,7 +25,7 @@ class TrainerConfig:
     strategy: str = "auto"
     precision: str = "32-true"
     num_threads: int = 2
-    max_steps: int = 1500
+    max_steps: int = 800
     batch_size: int = 64
     gradient_clip_val: float = 1.0
     val_every_n_steps: int = 250
@@ -40,7 +40,7 @@ class OptimConfig:
     lr: float = 3e-3
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     min_lr_ratio: float = 0.1
 
 

@@ -32,9 +32,18 @@ def tracking_uri(uri: str | None = None) -> str:
 
 def client(uri: str | None = None) -> MlflowClient:
     uri = tracking_uri(uri)
-    if uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    # MLflow creates and migrates the tables on first use; two processes doing that at once collide
+    import fcntl
+
+    with open(f"{db}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        c = MlflowClient(tracking_uri=uri)
+        c.search_experiments(max_results=1)
+    return c
 
 
 def get_or_create_experiment(c: MlflowClient, name: str) -> str:
@@ -45,7 +54,10 @@ def get_or_create_experiment(c: MlflowClient, name: str) -> str:
     if c.tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the database (mlruns/ by default)
         db = Path(c.tracking_uri[len("sqlite:///"):])
         artifacts = (db.parent / "artifacts" / name).resolve().as_uri()
-    return c.create_experiment(name, artifact_location=artifacts)
+    try:
+        return c.create_experiment(name, artifact_location=artifacts)
+    except mlflow.exceptions.MlflowException:  # another process created it meanwhile
+        return c.get_experiment_by_name(name).experiment_id
 
 
 def git_commit() -> str:
