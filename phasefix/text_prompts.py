@@ -47,7 +47,7 @@ Val Alan Brian Carol Derek Ellen Gavin Hannah Jason Lily Mark Nora Phil Rachel S
 Dean Elsa Felix Greg Heidi Jill Kurt Lisa Max Neil Ruth Sean""".split()
 COLOURS = """red blue green black white brown pink grey gold silver orange purple yellow violet amber ivory teal navy
 olive coral ruby jade plum rust""".split()
-FILLER = (".", "-", "*", "~", "=", "+", "#", "_", "|", ":")
+FILLER = (".", "-", "*", "~", "=", "+", "#", "_", "|", "^")  # never ":", the key-value separator
 
 TEXT_DEFAULTS = {
     "kv_lookup": dict(num_records=64, num_demos=8, num_filler=4, max_pad=None, target_span=None, max_length=None),
@@ -320,9 +320,11 @@ class FlipProbe:
 
 
 def fft_period(curve: np.ndarray) -> float:
-    """The period (in samples) of the strongest non-constant Fourier component of a curve (nan if flat)."""
+    """The period (in samples) of the strongest Fourier component of a curve after removing its linear trend (a
+    drift over filler lengths is not a period); nan if nothing is left."""
     x = np.asarray(curve, dtype=np.float64)
-    x = x - x.mean()
+    t = np.arange(x.size)
+    x = x - np.polyval(np.polyfit(t, x, 1), t) if x.size >= 2 else x - x.mean()
     if x.size < 4 or not np.any(np.abs(x) > 1e-12):
         return float("nan")
     power = np.abs(np.fft.rfft(x))[1:]
