@@ -4,8 +4,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import yaml
-
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR
 
@@ -112,12 +110,12 @@ class ModelConfig:
         """A named preset from conf/model/<name>.yaml with overrides, e.g. `from_name("tiny", stride=8)`."""
         presets = preset_names()
         check_choice("model", name, presets)
-        with open(CONF_DIR / "model" / f"{name}.yaml") as f:
-            data = yaml.safe_load(f) or {}
-        data.pop("defaults", None)
-        data.pop("_target_", None)
-        data.update(overrides)
-        return cls.from_dict(data)
+        from omegaconf import OmegaConf  # presets may interpolate (e.g. window: ${.stride})
+
+        preset = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
+        preset.pop("defaults", None)
+        merged = OmegaConf.merge(preset, OmegaConf.create(overrides))
+        return cls.from_dict(OmegaConf.to_container(merged, resolve=True))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
