@@ -695,8 +695,9 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
                  f"+logger.tags.trial='{trial.number}'", f"run_name='{spec.name}-t{trial.number}'"]
         if parent_run_id:
             extra.append(f"logger.parent_run_id='{parent_run_id}'")
-        if spec.experiment_name or not any(o.startswith("logger.experiment_name=") for o in spec.base):
-            extra.append(f"logger.experiment_name='{trial.study.user_attrs.get('mlflow_experiment') or experiment_name(spec, None)}'")
+        exp = trial.study.user_attrs.get("mlflow_experiment")  # the parent run's experiment
+        if exp:
+            extra.append(f"logger.experiment_name='{exp}'")
         if threads and not any(o.startswith("trainer.num_threads=") for o in spec.base + ovs):
             extra.append(f"trainer.num_threads={threads}")
         retried = trial.system_attrs.get("failed_trial")

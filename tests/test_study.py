@@ -1,0 +1,353 @@
+"""`phasefix.study`: study files, the smoke study with real fits (Pareto files, MLflow parent and children, pruning,
+resume), 2 workers on one storage, a SIGKILLed worker's trial failed and retried, and a real PostgreSQL server.
+
+The worker tests inject a cheap objective (`fake_fit` below, through PHASEFIX_STUDY_FIT) so that they test the
+storage and worker machinery in seconds; the smoke tests run real fits.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from phasefix.errors import ConfigError
+from phasefix.paths import PROJECT_ROOT
+
+SMOKE = PROJECT_ROOT / "studies" / "smoke.yaml"
+FAKE_DIR = "PHASEFIX_FAKE_DIR"
+FAKE_MODE = "PHASEFIX_FAKE_MODE"
+
+
+# ------------------------------------------------------------------------------------------------ the cheap objective
+def fake_fit(cfg, callbacks=()):
+    """Stands in for `phasefix.fit.fit` in worker processes (PHASEFIX_STUDY_FIT=tests/test_study.py:fake_fit).
+
+    barrier: every trial waits (<= 120 s) until trials of two different worker processes have started, so two
+    workers provably run at once; kill: the first trial of the study writes `victim` (pid, trial) and hangs."""
+    d = Path(os.environ[FAKE_DIR])
+    trial = int(cfg.logger.tags.trial)
+    assert cfg.logger.parent_run_id and cfg.logger.tags.study
+    (d / f"trial{trial}.pid{os.getpid()}").write_text(str(cfg.optim.lr))
+    mode = os.environ.get(FAKE_MODE, "barrier")
+    if mode == "barrier":
+        deadline = time.time() + 120
+        while len({p.name.split(".pid")[1] for p in d.glob("trial*.pid*")}) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+    elif mode == "kill":
+        try:
+            fd = os.open(d / "victim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pass
+        else:
+            os.write(fd, f"{os.getpid()} {trial}".encode())
+            os.close(fd)
+            time.sleep(600)  # SIGKILLed here by the test
+    lr = float(cfg.optim.lr)
+    from omegaconf import OmegaConf
+
+    weight = float(OmegaConf.select(cfg, "mitigation.gate_diversity.weight", default=0.0))
+    return {"mlflow_run_id": None, "train_seconds": 0.0,
+            "prefix": {"acc_mean": round(1 - abs(lr - 3e-3) * 50, 4), "acc_worst": round(0.5 + 0.4 * weight, 4)}}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def mlflow_db(tmp_path_factory):
+    """One MLflow store for the module (creating one costs seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def write_study(tmp_path: Path, mlflow_db: str, name: str = "smoke", **changes) -> Path:
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["name"] = name
+    raw["base"] = raw["base"] + [f"logger.tracking_uri={mlflow_db}"]
+    raw["output_dir"] = str(tmp_path / "outputs")
+    raw.update(changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def load(path: Path, storage: str | None = None):
+    import optuna
+
+    from phasefix.study import load_spec, make_storage
+
+    spec = load_spec(path)
+    url = spec.storage_url(storage)
+    return spec, optuna.load_study(study_name=spec.name, storage=make_storage(spec, url, with_callbacks=False))
+
+
+def states(study) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        out[t.state.name] = out.get(t.state.name, 0) + 1
+    return out
+
+
+def fake_env(monkeypatch, tmp_path: Path, mode: str) -> Path:
+    d = tmp_path / "fake"
+    d.mkdir()
+    monkeypatch.setenv("PHASEFIX_STUDY_FIT", f"{Path(__file__).resolve()}:fake_fit")
+    monkeypatch.setenv(FAKE_DIR, str(d))
+    monkeypatch.setenv(FAKE_MODE, mode)
+    return d
+
+
+# ------------------------------------------------------------------------------------------------ study files
+@pytest.mark.parametrize("change,key", [
+    ({"colour": 1}, "colour"),
+    ({"params": {"lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2, "override": "optim.lr"}}},
+     "params.lr.type"),
+    ({"params": {"lr": {"type": "float", "low": 1e-2, "high": 1e-3, "override": "optim.lr"}}}, "params.lr.high"),
+    ({"params": {"lr": {"type": "float", "low": 0, "high": 1e-3, "log": True, "override": "optim.lr"}}},
+     "params.lr.low"),
+    ({"params": {"w": {"type": "float", "low": 0.1, "high": 1, "override": "mitigation.head_coord.weight"}}},
+     "params.w.requires"),
+    ({"sampler": {"type": "cmaes"}}, "sampler.type"),
+    ({"sampler": {"type": "nsga2", "n_startup_trials": 3}}, "sampler.n_startup_trials"),
+    ({"objectives": [{"metric": "prefix.acc_mean", "direction": "up"}]}, "objectives[0].direction"),
+    ({"pruning": [{"step": 10, "metric": "prefix.acc_median", "min": 0.1}]}, "pruning[0].metric"),
+    ({"storage": {"url": "journal:./x.log"}}, "storage.url"),
+    ({"storage": {"heartbeat_interval": 10, "grace_period": 5}}, "storage.grace_period"),
+    ({"constraints": [{"metric": "lm_loss"}]}, "constraints[0]"),
+])
+def test_bad_study_files_fail_with_one_line_naming_the_key(tmp_path, change, key):
+    from phasefix.study import load_spec
+
+    path = write_study(tmp_path, "sqlite://", **change)
+    with pytest.raises(ConfigError) as e:
+        load_spec(path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("smoke.yaml: ") and key in msg, msg
+
+
+def test_misspelt_override_key_fails_before_any_trial(tmp_path):
+    from phasefix.study import load_spec, validate
+
+    params = {"lr": {"type": "logfloat", "low": 1e-3, "high": 1e-2, "override": "optim.learning_rate"}}
+    with pytest.raises(ConfigError, match="optim.learning_rate"):
+        validate(load_spec(write_study(tmp_path, "sqlite://", params=params)))
+
+
+def test_search_space_is_conditional_on_the_mitigation_set():
+    import optuna
+
+    from phasefix.study import load_spec, suggest
+
+    spec = load_spec(SMOKE)
+    none = suggest(optuna.trial.FixedTrial({"mitigations": "none", "lr": 0.004}), spec)
+    assert [o for o in none if "mitigation" in o] == [] and "optim.lr=0.004" in none
+    both = suggest(optuna.trial.FixedTrial({"mitigations": "gate_diversity+head_coord", "lr": 0.004,
+                                            "gate_diversity_weight": 0.2, "head_coord_weight": 0.05}), spec)
+    assert both[0] == "+mitigation=[gate_diversity,head_coord]"
+    assert {"mitigation.gate_diversity.weight=0.2", "mitigation.head_coord.weight=0.05"} <= set(both)
+    # named override bundles (e.g. compression settings) and plain categoricals
+    raw = yaml.safe_load(SMOKE.read_text())
+    assert load_spec(SMOKE).storage_url().endswith("studies/smoke.db")
+    assert raw["objectives"][0]["metric"] == "prefix.acc_mean"
+
+
+def test_shipped_studies_compose():
+    from phasefix.study import load_spec, validate
+
+    for path in sorted((PROJECT_ROOT / "studies").glob("*.yaml")):
+        validate(load_spec(path), deep=False)
+
+
+# ------------------------------------------------------------------------------------------------ real fits
+def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, mlflow_db, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from phasefix.study import main
+
+    path = write_study(tmp_path, mlflow_db)
+    assert main([str(path)]) == 0
+    spec, study = load(path)
+    assert states(study) == {"COMPLETE": 2}
+    reports = tmp_path / "reports" / "smoke"
+    assert (reports / "pareto.png").stat().st_size > 1000
+    header = (reports / "pareto.csv").read_text().splitlines()[0].split(",")
+    assert header[:3] == ["trial", "prefix.acc_mean", "prefix.acc_worst"] and "mlflow_run_id" in header
+    out = capsys.readouterr().out
+    assert "Pareto front" in out and "prefix.acc_worst" in out
+
+    c = MlflowClient(tracking_uri=mlflow_db)
+    parent_id = study.user_attrs["mlflow_parent_run_id"]
+    parent = c.get_run(parent_id)
+    assert parent.data.tags["phasefix.kind"] == "study" and parent.data.tags["study"] == "smoke"
+    assert parent.info.status == "FINISHED"
+    assert {"pareto/pareto.png", "pareto/pareto.csv", "pareto/trials.csv"} <= {
+        a.path for a in c.list_artifacts(parent_id, "pareto")}
+    for t in study.trials:
+        child = c.get_run(t.user_attrs["mlflow_run_id"])
+        assert child.data.tags["mlflow.parentRunId"] == parent_id
+        assert child.data.tags["study"] == "smoke" and child.data.tags["trial"] == str(t.number)
+        assert child.info.status == "FINISHED" and child.info.experiment_id == parent.info.experiment_id
+        assert t.user_attrs["val_history"][0]["step"] == 12  # the pruner saw the validation
+        assert t.values == pytest.approx([t.user_attrs["metrics"]["prefix.acc_mean"],
+                                          t.user_attrs["metrics"]["prefix.acc_worst"]])
+
+    # resume: the same file with a budget of 3 and a rule that prunes every trial at its first validation
+    write_study(tmp_path, mlflow_db, pruning=[{"step": 12, "metric": "prefix.acc_mean", "min": 2.0}])
+    assert main([str(path), "--n-trials", "3"]) == 0
+    spec, study = load(path)
+    assert states(study) == {"COMPLETE": 2, "PRUNED": 1}
+    pruned = study.trials[2]
+    assert "prefix.acc_mean" in pruned.user_attrs["pruned"]
+    run = c.get_run(pruned.user_attrs["mlflow_run_id"])
+    assert run.info.status == "KILLED" and run.data.tags["optuna.state"] == "PRUNED"
+    assert c.get_run(parent_id).info.status == "FINISHED"  # one parent run across resumes
+
+    assert main([str(path), "--report"]) == 0  # on demand, without running trials
+    assert "Pareto front" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ workers
+def test_two_workers_on_one_storage_finish_distinct_trials(tmp_path, mlflow_db, monkeypatch):
+    from phasefix.study import run_study
+
+    d = fake_env(monkeypatch, tmp_path, "barrier")
+    path = write_study(tmp_path, mlflow_db, name="two", n_trials=6)
+    res = run_study(path, workers=2)
+    assert res["rc"] == 0
+    spec, study = load(path)
+    assert states(study) == {"COMPLETE": 6}
+    assert sorted(t.number for t in study.trials) == list(range(6))
+    pids = {p.name.split(".pid")[1] for p in d.glob("trial*.pid*")}
+    assert len(pids) == 2 and os.getpid() not in {int(p) for p in pids}  # two worker processes did the trials
+    assert len({p.name.split(".pid")[0] for p in d.glob("trial*.pid*")}) == 6
+    assert (tmp_path / "reports" / "two" / "logs" / "worker1.log").exists()
+    assert res["counts"]["COMPLETE"] == 6 and res["pareto"]
+
+
+def test_sigkilled_workers_trial_is_failed_and_retried(tmp_path, mlflow_db, monkeypatch):
+    from phasefix.study import run_study
+
+    d = fake_env(monkeypatch, tmp_path, "kill")
+    path = write_study(tmp_path, mlflow_db, name="kill", n_trials=4,
+                       storage={"heartbeat_interval": 1, "grace_period": 3, "max_retry": 1})
+    killed = {}
+
+    def killer():
+        deadline = time.time() + 300
+        while not (d / "victim").exists() or not (d / "victim").read_text():
+            if time.time() > deadline:
+                return
+            time.sleep(0.05)
+        pid, trial = map(int, (d / "victim").read_text().split())
+        assert pid != os.getpid()
+        killed.update(pid=pid, trial=trial)
+        os.kill(pid, signal.SIGKILL)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    res = run_study(path, workers=2)
+    th.join(timeout=5)
+    assert killed, "the victim trial never started"
+    assert res["rc"] == 0  # the study reached its budget: the survivor ran the retry
+    spec, study = load(path)
+    by_state = states(study)
+    assert by_state == {"COMPLETE": 4, "FAIL": 1}, by_state  # never left RUNNING, nothing lost
+    victim = study.trials[killed["trial"]]
+    assert victim.state.name == "FAIL"
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1 and retries[0].state.name == "COMPLETE" and retries[0].params == victim.params
+
+
+# ------------------------------------------------------------------------------------------------ PostgreSQL
+def _pg_bindir() -> Path | None:
+    found = shutil.which("pg_ctl")
+    candidates = ([Path(found).resolve().parent] if found else []) + [
+        Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
+    for d in candidates:
+        if (d / "initdb").exists() and (d / "pg_ctl").exists():
+            return d
+    return None
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throw-away PostgreSQL server on 127.0.0.1 (Debian's postgresql package), or PHASEFIX_TEST_POSTGRES_URL."""
+    if os.environ.get("PHASEFIX_TEST_POSTGRES_URL"):
+        yield os.environ["PHASEFIX_TEST_POSTGRES_URL"]
+        return
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg2 is not installed (pip install -e '.[postgres]')")
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl): apt-get install -y postgresql")
+    root = Path(tempfile.mkdtemp(prefix="phasefix-pg-"))
+    os.chmod(root, 0o755)
+    user = {}
+    if os.geteuid() == 0:  # initdb refuses root: run the server as the postgres (or nobody) user
+        import pwd
+
+        for name in ("postgres", "nobody"):
+            try:
+                pw = pwd.getpwnam(name)
+                user = {"user": pw.pw_uid, "group": pw.pw_gid}
+                break
+            except KeyError:
+                continue
+        if not user:
+            shutil.rmtree(root)
+            pytest.skip("running as root and no 'postgres' or 'nobody' user to run the server as")
+        os.chown(root, user["user"], user["group"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = root / "data"
+
+    def pg(*cmd, timeout=120):
+        return subprocess.run([str(bindir / cmd[0]), *cmd[1:]], capture_output=True, text=True, timeout=timeout,
+                              cwd=root, **user)
+
+    r = pg("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+    if r.returncode == 0:
+        r = pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "120", "-o",
+               f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50", "start",
+               timeout=180)
+    if r.returncode != 0:
+        log = (root / "server.log").read_text()[-300:] if (root / "server.log").exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"could not start PostgreSQL from {bindir}: {(r.stderr or r.stdout).strip()[-300:]} {log}")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.postgres
+def test_postgres_storage_two_workers(tmp_path, mlflow_db, monkeypatch, postgres_url):
+    from phasefix.study import run_study
+
+    d = fake_env(monkeypatch, tmp_path, "barrier")
+    path = write_study(tmp_path, mlflow_db, name=f"pg{os.getpid()}", n_trials=4)
+    res = run_study(path, storage=postgres_url, workers=2)
+    assert res["rc"] == 0
+    spec, study = load(path, storage=postgres_url)
+    assert states(study) == {"COMPLETE": 4}
+    assert len({p.name.split(".pid")[1] for p in d.glob("trial*.pid*")}) == 2
+    # rerunning against the same database resumes: nothing to do, nothing lost
+    assert run_study(path, storage=postgres_url, workers=1)["rc"] == 0
+    spec, study = load(path, storage=postgres_url)
+    assert states(study) == {"COMPLETE": 4}
