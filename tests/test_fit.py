@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -40,9 +41,33 @@ def group_options():
 
 @pytest.mark.parametrize("group,option", list(group_options()), ids=lambda x: str(x))
 def test_every_config_group_composes(group, option):
+    from phasefix.fit import plan
+
     prefix = "+" if group in ("mitigation", "experiment") else ""
-    cfg = compose([f"{prefix}{group}={option}"])
-    assert cfg[group] is not None
+    extra = ["model.vocab_size=384"] if (group, option) == ("data", "lm_mix") else []  # bytes need the room
+    cfg = compose([f"{prefix}{group}={option}", *extra])
+    if group == "experiment":  # a global package: it rewrites other groups
+        assert cfg.run_name
+    else:
+        assert cfg[group] is not None
+    gpu = "gpu" in option or cfg.trainer.accelerator == "gpu"
+    if not gpu or torch.cuda.is_available():
+        plan(cfg)  # every CPU option also validates
+
+
+CPU_EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml") if "gpu" not in p.stem)
+
+
+@pytest.mark.parametrize("experiment", CPU_EXPERIMENTS)
+def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
+    summary = fit(compose([f"+experiment={experiment}", *FAST, "trainer.max_steps=4", "eval.n_boot=10",
+                           *run_overrides(tmp_path)]))
+    cfg = compose([f"+experiment={experiment}"])
+    assert summary["stride"] == cfg.model.stride and summary["window"] == cfg.model.window
+    for pad in cfg.eval.paddings:
+        assert len(summary[pad]["per_residue"]) == 24
+    if cfg.data.kind == "lm_mix":  # held-out text loss, near log(vocab) for an untrained model
+        assert 0 < summary["lm_loss"] < 2 * math.log(cfg.model.vocab_size)
 
 
 def test_mitigations_compose_together():
