@@ -132,15 +132,19 @@ class StepBatchSampler(Sampler):
     """Batch indices as a pure function of (seed, step, rank): a resumed run sees exactly the batches an
     uninterrupted run would have seen from its step on."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, start_step: int, max_steps: int, rank: int = 0):
+    def __init__(self, n: int, batch_size: int, seed: int, start_step, max_steps: int, rank: int = 0):
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.start_step, self.max_steps, self.rank = start_step, max_steps, rank
 
+    def _start(self) -> int:
+        # read when iteration begins: Lightning restores the step counter after building the dataloader
+        return self.start_step() if callable(self.start_step) else self.start_step
+
     def __len__(self):
-        return max(0, self.max_steps - self.start_step)
+        return max(0, self.max_steps - self._start())
 
     def __iter__(self):
-        for step in range(self.start_step, self.max_steps):
+        for step in range(self._start(), self.max_steps):
             rng = np.random.default_rng([self.seed, step, self.rank])
             yield rng.choice(self.n, size=min(self.batch_size, self.n), replace=False).tolist()
 
@@ -156,8 +160,9 @@ class RetrievalDataModule(L.LightningDataModule):
         self.seed, self.max_steps = seed, max_steps
 
     def train_dataloader(self):
-        start = self.trainer.global_step if self.trainer is not None else 0
-        rank = self.trainer.global_rank if self.trainer is not None else 0
+        trainer = self.trainer
+        start = (lambda: trainer.global_step) if trainer is not None else 0
+        rank = trainer.global_rank if trainer is not None else 0
         sampler = StepBatchSampler(len(self.train_set), self.batch_size, self.seed, start, self.max_steps, rank)
         return DataLoader(self.train_set, batch_sampler=sampler, num_workers=0)
 
