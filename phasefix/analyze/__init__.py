@@ -230,10 +230,16 @@ def _close(fig) -> None:
         plt.close(fig)
 
 
+def nanmean(x) -> float:
+    """np.nanmean without the all-nan RuntimeWarning (nan then)."""
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
+
+
 def fmt(x, width: int = 7, digits: int = 3) -> str:
     x = float(x)
     return f"{'nan':>{width}}" if x != x else f"{x:>{width}.{digits}f}"
 
 
-__all__ = ["OPTIONS", "TOOLS", "Outcome", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results",
+__all__ = ["OPTIONS", "TOOLS", "Outcome", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results", "nanmean",
            "parse_options", "parse_shifts", "predict_correct", "relative_change"]

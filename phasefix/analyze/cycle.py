@@ -16,7 +16,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from phasefix.analyze import RunContext, accuracy_by, eval_set, fmt, log_results, parse_shifts, predict_correct
+from phasefix.analyze import (RunContext, accuracy_by, eval_set, fmt, log_results, nanmean, parse_shifts,
+                              predict_correct)
 from phasefix.analyze.gates import check_gated
 from phasefix.errors import ConfigError
 from phasefix.metrics import cluster_bootstrap_curves
@@ -136,7 +137,7 @@ def figure(res: dict, stride: int, title: str = ""):
     for i, d in enumerate(ds):
         color = cmap(i / max(1, len(ds) - 1))
         obs, pred = res["phase"][d] - base, predicted_change(base, d)
-        lim = max(lim, np.nanmax(np.abs(obs)), np.nanmax(np.abs(pred)))
+        lim = max(lim, float(np.abs(np.nan_to_num(obs)).max()), float(np.abs(np.nan_to_num(pred)).max()))
         ax_s.scatter(pred[:-1], obs[:-1], color=color, s=18, label=f"d={d}")
         ax_s.scatter(pred[-1:], obs[-1:], color=color, s=30, marker="x")
         ax_c.plot(range(stride), res["phase"][d], marker="o", ms=3, color=color, lw=0.8, label=f"d={d}")
@@ -188,7 +189,7 @@ def run(ctx: RunContext, opts: dict) -> dict:
         curves = {}
         for d in sorted(set(shifts) | {0}):
             curves[f"d{d}/acc_phase"] = res["phase"][d]
-            scalars[f"d{d}/acc_mean"] = float(np.nanmean(res["residue"][d]))
+            scalars[f"d{d}/acc_mean"] = float(nanmean(res["residue"][d]))
             if d in res["r2_by_shift"]:
                 scalars[f"d{d}/r2"] = res["r2_by_shift"][d]
         fig = figure(res, ctx.stride, title=f"gate cycling ({pad} padding, run {(ctx.run_id or '')[:8]})")

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from phasefix.analyze import (Outcome, RunContext, accuracy_by, eval_set, fmt, log_results, predict_correct,
-                              relative_change)
+from phasefix.analyze import (Outcome, RunContext, accuracy_by, eval_set, fmt, log_results, nanmean,
+                              predict_correct, relative_change)
 
 
 def query_heads(config, kv_head: int) -> range:
@@ -149,12 +149,12 @@ def figure(res: dict, stride: int, title: str = ""):
 def table(res: dict, stride: int) -> str:
     L, HKV, _ = res["rel"].shape
     lines = [f"{'head':<10}" + "".join(f"{'ph' + str(p):>8}" for p in range(stride)) + f"{'mean':>8}  hit phases",
-             f"{'base acc':<10}" + "".join(fmt(a, 8) for a in res["base_phase"]) + fmt(np.nanmean(res["base"]), 8)]
+             f"{'base acc':<10}" + "".join(fmt(a, 8) for a in res["base_phase"]) + fmt(nanmean(res["base"]), 8)]
     for layer in range(L):
         for g in range(HKV):
             rel = res["rel_phase"][layer, g]
             lines.append(f"{f'L{layer} kv{g}':<10}" + "".join(fmt(x, 8) for x in rel)
-                         + fmt(np.nanmean(res["rel"][layer, g]), 8) + "  " + ",".join(map(str, hit_phases(rel))))
+                         + fmt(nanmean(res["rel"][layer, g]), 8) + "  " + ",".join(map(str, hit_phases(rel))))
     return "\n".join(lines)
 
 
@@ -179,14 +179,14 @@ def run(ctx: RunContext, opts: dict) -> dict:
         print(f"\nknockout ({pad} padding, {len(ds)} prompts, calibration seed {calib_seed}): relative accuracy "
               f"change per phase (t mod {ctx.stride})")
         print(table(res, ctx.stride))
-        scalars, curves = {"base_acc_mean": float(np.nanmean(res["base"]))}, {"base": res["base"]}
+        scalars, curves = {"base_acc_mean": float(nanmean(res["base"]))}, {"base": res["base"]}
         L, HKV, _ = res["rel"].shape
         for layer in range(L):
             for g in range(HKV):
                 key = f"L{layer}/kv{g}"
                 curves[f"{key}/rel_change"] = res["rel"][layer, g]
-                scalars[f"{key}/mean_rel_change"] = float(np.nanmean(res["rel"][layer, g]))
-                scalars[f"{key}/acc_mean"] = float(np.nanmean(res["acc"][layer, g]))
+                scalars[f"{key}/mean_rel_change"] = float(nanmean(res["rel"][layer, g]))
+                scalars[f"{key}/acc_mean"] = float(nanmean(res["acc"][layer, g]))
                 for p in range(ctx.stride):
                     scalars[f"{key}/phase{p}/rel_change"] = float(res["rel_phase"][layer, g, p])
         fig = figure(res, ctx.stride, title=f"knockout by residue ({pad} padding, run "
