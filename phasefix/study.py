@@ -532,7 +532,11 @@ def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
         engine_kwargs = {"connect_args": {"timeout": 120}}
     elif url.startswith(("postgresql", "mysql")):
         engine_kwargs = {"pool_pre_ping": True}
-    retry = optuna.storages.RetryFailedTrialCallback(max_retry=spec.max_retry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+            optuna.storages.RetryFailedTrialCallback  # the new name since Optuna 4.9
+        retry = retry_cls(max_retry=spec.max_retry)
 
     def on_stale(study, trial):
         retry(study, trial)
@@ -595,7 +599,9 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
         check(stored == spec.directions, "objectives", spec.directions,
               f"differ from the stored study {spec.name!r} ({stored}) in {redact(url)}: use another name or storage")
         if study.metric_names != spec.metric_names:
-            study.set_metric_names(spec.metric_names)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "experimental"
+                study.set_metric_names(spec.metric_names)
         return study
     return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
 
@@ -683,6 +689,18 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
     import optuna
 
     def objective(trial):
+        try:
+            return run_trial(trial)
+        except optuna.TrialPruned:
+            raise
+        except Exception as e:  # every error is recorded, so that max_failures can stop a broken study
+            if not trial.user_attrs.get("error"):
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+                trial.set_user_attr("error", msg)
+            print(f"[study] trial {trial.number} failed: {trial.user_attrs['error']}", flush=True)
+            raise
+
+    def run_trial(trial):
         from phasefix.fit import compose
 
         for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics"):  # a retry's copy
@@ -700,7 +718,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             extra.append(f"logger.experiment_name='{exp}'")
         if threads and not any(o.startswith("trainer.num_threads=") for o in spec.base + ovs):
             extra.append(f"trainer.num_threads={threads}")
-        retried = trial.system_attrs.get("failed_trial")
+        retried = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
         print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
               f"{' '.join(ovs) or '(base)'}", flush=True)
         try:
@@ -710,10 +728,6 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         except optuna.TrialPruned as e:
             _mark_pruned(trial, str(e))
             print(f"[study] trial {trial.number} pruned: {e}", flush=True)
-            raise
-        except Exception as e:
-            trial.set_user_attr("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500])
-            print(f"[study] trial {trial.number} failed: {trial.user_attrs['error']}", flush=True)
             raise
         if summary.get("mlflow_run_id"):
             trial.set_user_attr("mlflow_run_id", summary["mlflow_run_id"])
@@ -773,12 +787,13 @@ def counts(study) -> dict[str, int]:
     from optuna.trial import TrialState
 
     out = {s.name: 0 for s in TrialState}
-    errors = 0
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    retried: set[int] = set()
+    for t in trials:
         out[t.state.name] += 1
-        if t.state == TrialState.FAIL and t.user_attrs.get("error"):
-            errors += 1
-    out["ERRORS"] = errors
+        retried.update(t.system_attrs.get("retry_history", []))
+    # failed trials that were not retried: errors (and workers that died more than max_retry times)
+    out["ERRORS"] = sum(1 for t in trials if t.state == TrialState.FAIL and t.number not in retried)
     return out
 
 
@@ -949,7 +964,7 @@ def format_table(rows: list[dict], max_rows: int = 15) -> str:
     if not rows:
         return "(no complete trials yet)"
     cols = [k for k in rows[0] if k not in ("state", "retry_of", "note")]
-    cells = [[("" if r.get(k) is None else f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r[k]))[:24]
+    cells = [[("" if r.get(k) is None else f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r[k]))[:40]
               for k in cols] for r in rows[:max_rows]]
     cols = [c if c != "mlflow_run_id" else "mlflow run" for c in cols]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
