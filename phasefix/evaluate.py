@@ -232,6 +232,9 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
     from phasefix import tracking
     from phasefix.fit import RUN_FILE, data_config, eval_task_kwargs, load_checkpoint, resolve_checkpoint
 
+    looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
+    check(Path(spec).expanduser().exists() or not looks_like_path, "model", spec,
+          "does not exist (a Hugging Face model directory, or a phasefix run id, output directory or .ckpt file)")
     try:
         ckpt = resolve_checkpoint(spec, tracking_uri, which)
     except ConfigError:

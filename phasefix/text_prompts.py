@@ -22,6 +22,7 @@ exists in memory as a whole. The flipping-completion probe (`FlipProbe`) is here
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -57,6 +58,24 @@ HEADERS = {
     "kv_lookup": "Each line names an animal and its keeper. Remember who keeps which animal.\n",
     "needle": "Each line gives a coloured animal and the two people who look after it. Remember them.\n",
 }
+
+
+def spread_positions(lo: int, hi: int, period: int, n: int, max_periods: int = 256) -> np.ndarray:
+    """`balanced_positions(lo, hi, period, n)` [period, n] (row r: residue r, matched mean and variance), cheap for
+    any window: a window wider than ``max_periods`` periods is solved on a window ``s`` times narrower, ``s``
+    coprime to the period, and mapped back by x = lo + s * x'. That keeps every row's mean and variance equal
+    (all scale alike) and permutes the residues (s * r + lo mod period is a bijection), at the cost of a coarser
+    lattice (positions of one residue are s periods apart). balanced_positions' own cost grows with the square of
+    the window in periods, which a 128K-token prompt makes prohibitive."""
+    width, s = hi - lo + 1, 1
+    while width > max_periods * period * s or math.gcd(s, period) != 1:
+        s += 1
+    if s == 1:
+        return balanced_positions(lo, hi, period, n)
+    small = lo + s * balanced_positions(0, (hi - lo) // s, period, n)
+    rows = np.empty_like(small)
+    rows[(lo + s * np.arange(period)) % period] = small
+    return rows
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -163,8 +182,9 @@ class TextPhaseSet:
                   "must be an integer >= 1 or null")
             fixed = H + self.query_len
             if task == "needle" and "num_records" not in given:
-                # as many records as fit, leaving at least one period of filler
-                R = max(D + 1, (max_length - fixed - L * D - max(period - 1, L - 1)) // L)
+                # as many records as fit (and as there are distinct keys), leaving at least a period of filler
+                R = max(D + 1, min(self.num_distinct_keys,
+                                   (max_length - fixed - L * D - max(period - 1, L - 1)) // L))
             check("max_pad" not in given, "max_pad", kw["max_pad"], "cannot be given together with max_length")
             kw["max_pad"] = max_length - fixed - L * (R + D)
             check(kw["max_pad"] >= L - 1, "max_length", max_length,
@@ -199,7 +219,7 @@ class TextPhaseSet:
               f"leaves target positions spanning {hi - lo + 1} tokens: need >= {MIN_SPAN_PERIODS} * period = "
               f"{MIN_SPAN_PERIODS * period} (raise it or num_records, or lower period)")
         self.lo, self.hi = lo, hi
-        positions = balanced_positions(lo, hi, period, per_residue)  # [period, n]
+        positions = spread_positions(lo, hi, period, per_residue)  # [period, n]
         rng = np.random.default_rng([seed, 0])
         self.placement = np.stack([rng.permutation(positions[r]) for r in range(period)], axis=1)  # [n, period]
         self._mapping_cache: tuple[int, tuple] | None = None

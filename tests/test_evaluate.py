@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from phasefix.errors import ConfigError
 from phasefix.evaluate import evaluate, logits_at, main
-from phasefix.text_prompts import ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe, TextPhaseSet
+from phasefix.text_prompts import (ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe, TextPhaseSet,
+                                   spread_positions)
 
 PERIOD = 24
 
@@ -151,6 +152,14 @@ def test_long_prompts_are_generated_lazily(tokenizer):
         first["target_pos"][1]
     with pytest.raises(ConfigError, match="max_length"):
         TextPhaseSet(tokenizer, "kv_lookup", "prefix", max_length=100)
+
+
+@pytest.mark.parametrize("max_periods", [8, 256])
+def test_spread_positions_wide_windows_keep_residues_and_moments(max_periods):
+    x = spread_positions(37, 6000, PERIOD, 2 * PERIOD, max_periods=max_periods)  # 8: solved 11x narrower
+    assert x.shape == (PERIOD, 2 * PERIOD) and x.min() >= 37 and x.max() <= 6000 and np.ptp(x) > 5000
+    assert all((x[r] % PERIOD == r).all() for r in range(PERIOD))
+    assert np.ptp(x.mean(1)) < 1e-9 and np.ptp(x.std(1)) < 0.02 * x.std(1).mean()
 
 
 def run_args(tmp_path, name):
