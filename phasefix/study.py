@@ -722,9 +722,12 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
               f"{' '.join(ovs) or '(base)'}", flush=True)
         try:
-            cfg = compose(ovs + extra)
+            cfg = compose(list(spec.base) + ovs + extra)
             run = fit_fn or _real_fit()
-            summary = run(cfg, callbacks=[pruning_callback(trial, spec.pruning)] if spec.pruning else [])
+            # the callback also records the MLflow run id at the start (a dead worker's run is then ended FAILED)
+            # and the validation history; an injected fit (tests) without pruning rules gets none
+            use_cb = spec.pruning or fit_fn is None
+            summary = run(cfg, callbacks=[pruning_callback(trial, spec.pruning)] if use_cb else [])
         except optuna.TrialPruned as e:
             _mark_pruned(trial, str(e))
             print(f"[study] trial {trial.number} pruned: {e}", flush=True)

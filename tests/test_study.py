@@ -37,6 +37,7 @@ def fake_fit(cfg, callbacks=()):
     d = Path(os.environ[FAKE_DIR])
     trial = int(cfg.logger.tags.trial)
     assert cfg.logger.parent_run_id and cfg.logger.tags.study
+    assert cfg.trainer.max_steps == 12 and cfg.eval.paddings == ["prefix"]  # the study's base overrides
     (d / f"trial{trial}.pid{os.getpid()}").write_text(str(cfg.optim.lr))
     mode = os.environ.get(FAKE_MODE, "barrier")
     if mode == "barrier":
@@ -199,12 +200,12 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
         assert child.data.tags["mlflow.parentRunId"] == parent_id
         assert child.data.tags["study"] == "smoke" and child.data.tags["trial"] == str(t.number)
         assert child.info.status == "FINISHED" and child.info.experiment_id == parent.info.experiment_id
-        assert t.user_attrs["val_history"][0]["step"] == 12  # the pruner saw the validation
+        assert t.user_attrs["val_history"][0]["step"] == 6  # the pruner saw the validation
         assert t.values == pytest.approx([t.user_attrs["metrics"]["prefix.acc_mean"],
                                           t.user_attrs["metrics"]["prefix.acc_worst"]])
 
     # resume: the same file with a budget of 3 and a rule that prunes every trial at its first validation
-    write_study(tmp_path, mlflow_db, pruning=[{"step": 12, "metric": "prefix.acc_mean", "min": 2.0}])
+    write_study(tmp_path, mlflow_db, pruning=[{"step": 6, "metric": "prefix.acc_mean", "min": 2.0}])
     assert main([str(path), "--n-trials", "3"]) == 0
     spec, study = load(path)
     assert states(study) == {"COMPLETE": 2, "PRUNED": 1}
