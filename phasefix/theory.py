@@ -12,6 +12,13 @@ retrieve the token after it, e_{j*,i*+1}: every head attends over the chunks wit
 outputs o = sum_h sum_j p_{h,j} V_{h,j} are read out with logits gamma <e_n, o> over the N tokens, and the loss is
 the cross-entropy. Only the gates are trained.
 
+Temperatures: with a small readout temperature gamma the loss is nearly linear in the head outputs, so each head's
+gradient hardly depends on the others (the theory's regime: spreading heads out changes the loss only at second
+order) and heads settle where their random initial preference points, colliding at about the chance rate. With a
+large gamma the saturating cross-entropy itself pushes heads apart while the gates are still soft. The attention
+temperature beta must be small enough that a uniform key gate barely finds the query's chunk (beta/S < log L);
+otherwise every head retrieves every phase roughly and nothing drives the gates to concentrate.
+
 A head whose key gate sits on slot i and whose value gate sits on slot i+1 answers every query of phase i; the
 boundary phase S-1 (whose next token is in the next chunk) cannot be answered by any head. With m < S heads at
 most m phases are covered, fewer when heads collide on a slot. The optional head-coordination term is the
@@ -40,15 +47,15 @@ from phasefix.paths import OUTPUTS_DIR
 @dataclass
 class SimConfig:
     heads: int = 3  # m < S
-    stride: int = 8  # S: slots per chunk (= phases)
+    stride: int = 6  # S: slots per chunk (= phases)
     chunks: int = 8  # L
-    vocab: int = 128  # N
-    dim: int = 64  # embedding dimension (unit vectors; |cos| ~ 1/sqrt(dim) between tokens)
-    beta: float = 12.0  # attention temperature (key match)
-    gamma: float = 12.0  # readout temperature
-    steps: int = 400
-    batch: int = 128
-    lr: float = 0.05
+    vocab: int = 64  # N
+    dim: int = 32  # embedding dimension (unit vectors; |cos| ~ 1/sqrt(dim) between tokens)
+    beta: float = 4.0  # attention temperature: weak enough that a uniform key gate barely finds the chunk
+    gamma: float = 1.0  # readout temperature: small = nearly linear readout, heads add up independently
+    steps: int = 600
+    batch: int = 64
+    lr: float = 0.2  # Adam
     init_std: float = 0.1  # std of the gate weights w
     bias_init_std: float = 1.0  # std of the gate biases b (a random initial slot preference per head)
     init_shared: float = 0.0  # share of the bias variance common to all heads (heads start alike: collisions)
@@ -65,6 +72,7 @@ class SimConfig:
         check(self.chunks >= 1 and self.steps >= 0 and self.batch >= 1, "chunks/steps/batch",
               (self.chunks, self.steps, self.batch), "must be positive")
         check(self.coord_weight >= 0, "coord_weight", self.coord_weight, "must be >= 0")
+        check(0 <= self.init_shared <= 1, "init_shared", self.init_shared, "must be in [0, 1]")
 
 
 class InductionSim(torch.nn.Module):
@@ -309,6 +317,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--beta", type=float, default=d.beta, help="attention temperature")
+    p.add_argument("--gamma", type=float, default=d.gamma, help="readout temperature")
+    p.add_argument("--init-shared", type=float, default=d.init_shared,
+                   help="share of the initial gate-bias variance common to all heads (1: heads start alike)")
     p.add_argument("--coord-weight", type=float, default=1.0,
                    help="weight of the head-coordination term in the second condition (0: only the first)")
     p.add_argument("--seed", type=int, default=d.seed, help="first seed")
@@ -320,7 +332,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     cfg = SimConfig(heads=a.heads, stride=a.stride, chunks=a.chunks, vocab=a.vocab, dim=a.dim, steps=a.steps,
-                    batch=a.batch, lr=a.lr, coord_weight=a.coord_weight, seed=a.seed)
+                    batch=a.batch, lr=a.lr, beta=a.beta, gamma=a.gamma, init_shared=a.init_shared,
+                    coord_weight=a.coord_weight, seed=a.seed)
     t = time.time()
     try:
         cfg.validate()
