@@ -37,6 +37,7 @@ OPTIONS: dict[str, tuple] = {
     "shifts": ("-3..3", str, "cycle: gate shifts d, as 'a..b' or 'a,b,c'"),
     "max_prompts": (512, int, "gates: prompts the gate statistics average over"),
     "log": (True, bool, "log metrics and the figure into the MLflow run"),
+    "out": (None, str, "also save the figure as <out>/<tool>[-<padding>].png"),
     "threads": (None, int, "torch threads (default: torch's)"),
 }
 
@@ -203,24 +204,32 @@ def figure_path(tool: str, padding: str) -> str:
 
 
 def log_results(ctx: RunContext, tool: str, padding: str, scalars: Mapping[str, float],
-                curves: Mapping[str, Sequence[float]] = {}, figure=None, enabled: bool = True) -> str | None:
-    """Log `analyze/<tool>/<padding>/<name>` scalars and curves (step = index) and the figure into the run.
-    Returns a one-line note of where they went (or why not)."""
+                curves: Mapping[str, Sequence[float]] = {}, figure=None, opts: Mapping | None = None) -> str:
+    """Log `analyze/<tool>/<padding>/<name>` scalars and curves (step = index) and the figure into the run
+    (unless opts["log"] is false); save the figure under opts["out"] if given. Returns a note of where they went."""
     from phasefix import tracking
 
-    if not enabled:
+    opts = opts or {}
+    note = ""
+    if figure is not None and opts.get("out"):
+        out = Path(opts["out"]).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / Path(figure_path(tool, padding)).name
+        figure.savefig(path, dpi=110)
+        note = f"; figure saved to {path}"
+    if not opts.get("log", True):
         _close(figure)
-        return "not logged (log=false)"
+        return "not logged (log=false)" + note
     if ctx.run_id is None:
         _close(figure)
-        return "not logged: no MLflow run for this checkpoint (no run.json beside it; pass an MLflow run id)"
+        return "not logged: no MLflow run for this checkpoint (no run.json beside it; pass an MLflow run id)" + note
     c = tracking.client(ctx.tracking_uri)
     prefix = f"analyze/{tool}/{padding}/"
     tracking.log_metric_values(c, ctx.run_id, {prefix + k: v for k, v in scalars.items()},
                                {prefix + k: v for k, v in curves.items()})
     if figure is not None:
         tracking.log_figure(c, ctx.run_id, figure, figure_path(tool, padding))
-    return f"logged to MLflow run {ctx.run_id} ({c.tracking_uri})"
+    return f"logged to MLflow run {ctx.run_id} ({c.tracking_uri})" + note
 
 
 def _close(fig) -> None:
@@ -241,5 +250,5 @@ def fmt(x, width: int = 7, digits: int = 3) -> str:
     return f"{'nan':>{width}}" if x != x else f"{x:>{width}.{digits}f}"
 
 
-__all__ = ["OPTIONS", "TOOLS", "Outcome", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results", "nanmean",
-           "parse_options", "parse_shifts", "predict_correct", "relative_change"]
+__all__ = ["OPTIONS", "TOOLS", "Outcome", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results",
+           "nanmean", "parse_options", "parse_shifts", "predict_correct", "relative_change"]

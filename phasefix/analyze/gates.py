@@ -109,9 +109,8 @@ def run(ctx: RunContext, opts: dict) -> dict:
                     scalars[f"{key}/window_eff"] = float(s["window_eff"][h])
                     scalars[f"{key}/preferred_slot"] = float(s["preferred_slot"][h])
                     curves[f"{key}/static"] = s["static"][h].tolist()
-        fig = figure(stats, title=f"static gate distribution ({pad} padding, run {(ctx.run_id or '')[:8]}); "
-                                  "rows: static / per-window effective slots")
-        print(log_results(ctx, "gates", pad, scalars, curves, fig, opts["log"]))
+        fig = figure(stats, title=f"E[a] ({pad}, run {(ctx.run_id or '')[:8]}); rows: static/per-window eff. slots")
+        print(log_results(ctx, "gates", pad, scalars, curves, fig, opts))
         results[pad] = stats
     return results
 

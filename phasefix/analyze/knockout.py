@@ -141,7 +141,7 @@ def figure(res: dict, stride: int, title: str = ""):
         ax.axvline(x - 0.5, color="k", lw=0.4, ls=":")
     for y in range(HKV, L * HKV, HKV):
         ax.axhline(y - 0.5, color="k", lw=0.8)
-    fig.colorbar(img, ax=ax, shrink=0.9, label="relative accuracy change (knockout - base) / base")
+    fig.colorbar(img, ax=ax, shrink=0.9, label="(knockout - base) / base")
     fig.suptitle(title or "knockout by residue", fontsize=9)
     return fig
 
@@ -191,6 +191,6 @@ def run(ctx: RunContext, opts: dict) -> dict:
                     scalars[f"{key}/phase{p}/rel_change"] = float(res["rel_phase"][layer, g, p])
         fig = figure(res, ctx.stride, title=f"knockout by residue ({pad} padding, run "
                                             f"{(ctx.run_id or '')[:8]})")
-        print(log_results(ctx, "knockout", pad, scalars, curves, fig, opts["log"]))
+        print(log_results(ctx, "knockout", pad, scalars, curves, fig, opts))
         results[pad] = res
     return results

@@ -54,7 +54,7 @@ def figure(res: dict, stride: int, title: str = ""):
     colors = ["C2" if p == detected else ("C0" if p in divisors else "lightgrey") for p in range(P)]
     ax_b.bar(range(P), prof, color=colors)
     ax_b.axhline(thr, color="C3", lw=0.8, ls="--", label=f"threshold {PERIOD_TOL} x mean pairwise difference")
-    ax_b.set_xlabel("shift p (blue: divisors of the period, green: detected)")
+    ax_b.set_xlabel("shift p (blue: divisors, green: detected)")
     ax_b.set_ylabel("mean_r |A(r) - A(r+p)|")
     ax_b.legend(fontsize=7)
     fig.suptitle(title or f"dominant period {detected}", fontsize=9)
@@ -93,7 +93,7 @@ def run(ctx: RunContext, opts: dict) -> dict:
         curves = {"shift_difference": shift_profile(curve), "per_residue": curve}
         fig = figure(res, ctx.stride, title=f"periodicity ({pad} padding, run {(ctx.run_id or '')[:8]}): "
                                             f"dominant period {int(res['period_detected'])}, stride {ctx.stride}")
-        print(log_results(ctx, "period", pad, scalars, curves, fig, opts["log"]))
+        print(log_results(ctx, "period", pad, scalars, curves, fig, opts))
         results[pad] = res
     return results
 
