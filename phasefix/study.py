@@ -986,7 +986,10 @@ def report(spec: StudySpec, url: str, log_to_mlflow: bool = True, quiet: bool = 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        study = optuna.load_study(study_name=spec.name, storage=make_storage(spec, url, with_callbacks=False))
+        try:
+            study = optuna.load_study(study_name=spec.name, storage=make_storage(spec, url, with_callbacks=False))
+        except KeyError:
+            raise ConfigError(f"study {spec.name!r} is not in {redact(url)}: run it first (or pass its --storage)")
     trials = study.get_trials(deepcopy=False)
     front = pareto_trials(spec, study)
     out = spec.reports()
