@@ -201,8 +201,8 @@ def summary_line(r: dict) -> str:
 
 
 def figure(runs: dict[str, list[dict]], cfg: SimConfig):
-    """Row per condition: key and value gate heatmaps of the first seed, accuracy by phase (all seeds), loss;
-    last column of the first row: coverage per seed for every condition."""
+    """Row per condition: key and value gate heatmaps of one seed (the first whose heads collide without
+    coordination, else the first), accuracy by phase (all seeds), training loss (all seeds)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -211,8 +211,9 @@ def figure(runs: dict[str, list[dict]], cfg: SimConfig):
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(conds), 4, squeeze=False)
     S = cfg.stride
+    show = next((i for i, r in enumerate(runs[conds[0]]) if r["collisions"] > 0), 0)
     for row, cond in enumerate(conds):
-        first = runs[cond][0]
+        first = runs[cond][show]
         for col, (name, P) in enumerate((("key", first["key_static"]), ("value", first["value_static"]))):
             ax = axes[row, col]
             ax.imshow(P, vmin=0, vmax=1, cmap="viridis", aspect="auto")
@@ -220,7 +221,7 @@ def figure(runs: dict[str, list[dict]], cfg: SimConfig):
             ax.set_yticks(range(P.shape[0]), [f"h{h} ({e:.1f})" for h, e in enumerate(eff)])
             ax.set_xticks(range(S))
             ax.set_xlabel("slot (= phase)")
-            ax.set_title(f"{cond}: {name} gate E[a], seed {cfg.seed} (eff. slots)", fontsize=8)
+            ax.set_title(f"{cond}: {name} gate E[a], seed {cfg.seed + show} (eff. slots)", fontsize=8)
             for h in range(P.shape[0]):
                 for i in range(S):
                     ax.text(i, h, f"{P[h, i]:.2f}", ha="center", va="center", fontsize=6,
