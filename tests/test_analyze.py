@@ -24,7 +24,8 @@ torch.set_num_threads(1)
 FAST = ["trainer.max_steps=4", "trainer.val_every_n_steps=4", "trainer.checkpoint_every_n_steps=4",
         "trainer.batch_size=16", "trainer.progress_bar=false", "trainer.num_threads=1", "data.num_train=64",
         "data.num_val=16", "eval.paddings=[prefix]", "eval.per_residue=1", "eval.val_per_residue=1", "eval.n_boot=10",
-        "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "model.hidden_size=64", "model.intermediate_size=128", "model.head_dim=16"]
+        "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "model.hidden_size=64", "model.intermediate_size=128",
+        "model.head_dim=16"]
 TASK = dict(num_records=8, num_demos=3, num_keys=16, num_values=16, num_filler=8)
 
 

@@ -13,7 +13,7 @@ from phasefix.errors import ConfigError
 
 
 def usage() -> str:
-    opts = "\n".join(f"  {k:<13} {h} (default: {d})" for k, (d, _, h) in OPTIONS.items())
+    opts = "\n".join(f"  {k:<13} {h}" + ("" if d is None else f" (default: {d})") for k, (d, _, h) in OPTIONS.items())
     return (__doc__ or "") + opts + "\n"
 
 

@@ -7,7 +7,6 @@ small per-window number but a large static one; a head that averages has both ne
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from phasefix.analyze import RunContext, eval_set, fmt, log_results
+from phasefix.analyze import RunContext, eval_set, log_results
 from phasefix.evaluate import evaluate_phase
 from phasefix.metrics import shift_difference
 
