@@ -386,6 +386,17 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
                      experiment_name=exp, description=str(raw.get("description") or ""), raw=raw)
 
 
+def storage_driver(url: str) -> str:
+    """`postgresql://` with the driver that is installed: SQLAlchemy 2.1 defaults to psycopg 3, while phasefix's
+    `postgres` extra installs psycopg2."""
+    if url.startswith("postgresql://"):
+        import importlib.util as iu
+
+        if iu.find_spec("psycopg") is None and iu.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
 def check_storage_url(url, key: str = "--storage") -> None:
     check(isinstance(url, str) and re.match(r"^(sqlite|postgresql|postgresql\+\w+|mysql|mysql\+\w+)://", url)
           is not None, key, url, "must be an RDB URL (sqlite:///PATH or postgresql://USER:PASS@HOST/DB): "
@@ -521,6 +532,7 @@ def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
     import optuna
 
     engine_kwargs: dict = {}
+    url = storage_driver(url)
     if url.startswith("sqlite:///"):
         db = Path(url[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
