@@ -379,9 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if show_cfg:
             print(OmegaConf.to_yaml(cfg))
             return 0
-        if not cfg.get("resume"):
-            plan(cfg)
-        summary = fit(cfg)
+        summary = fit(cfg)  # fit validates everything (plan) before it writes anything
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

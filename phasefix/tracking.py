@@ -6,7 +6,6 @@ MLflow's import-time default.
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -119,15 +118,12 @@ def phase_figure(curves: Mapping[str, Mapping], stride: int | None, title: str =
 
 
 def log_figure(c: MlflowClient, run_id: str, fig, path: str) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         local = os.path.join(d, os.path.basename(path))
-        with open(local, "wb") as f:
-            f.write(buf.getvalue())
+        fig.savefig(local, format="png", dpi=110)
+        plt.close(fig)
         c.log_artifact(run_id, local, os.path.dirname(path) or None)
 
 
