@@ -5,6 +5,8 @@ outputs/reports/<date>-<time>):
 
   comparison.csv / comparison.md   mean, worst, best, gap (with cluster-bootstrap intervals of worst and gap),
                                    detected period, per run and padding
+  seeds.csv / seeds.md             the same aggregated over seeds: runs named `<config>-s<seed>` grouped by
+                                   `<config>` and padding, mean and sd of each metric, train time, lm_loss, run ids
   phase_curves.png                 the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
   flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -84,6 +87,7 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
         if not pads:
             continue
         summary = tracking.read_artifact_json(c, rid, "summary.json") or {}
+        base.update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
         for pad in pads:
             s = summary.get(pad, {})
             wci, gci = s.get("worst_ci") or [None, None], s.get("gap_ci") or [None, None]
@@ -132,6 +136,44 @@ def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
             lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {_fmt(_num(f['period_detected']), 0)}"
                          f" | {_fmt(_num(f['period_fft']), 2)} | {_fmt(_num(f['flip_rate']), 2)} | "
                          f"{_fmt(_num(f['range']), 3)} |")
+    return "\n".join(lines) + "\n"
+
+
+SEED_SUFFIX = re.compile(r"-s\d+$")
+SEED_METRICS = ("acc_mean", "acc_worst", "acc_gap", "train_seconds", "lm_loss")
+
+
+def seed_rows(rows: Sequence[Mapping]) -> list[dict]:
+    """Rows of runs named `<config>-s<seed>` grouped by (config, padding): mean and sd over seeds of each metric,
+    the number of seeds, how many runs reach worst >= 0.9 x mean (the mitigation goal) and the run ids."""
+    groups: dict[tuple[str, str], list[Mapping]] = {}
+    for r in rows:
+        groups.setdefault((SEED_SUFFIX.sub("", r["run_name"]), r["padding"]), []).append(r)
+    out = []
+    for (config, pad), members in groups.items():
+        row = {"config": config, "padding": pad, "seeds": len(members),
+               "goal_met": sum(m["acc_worst"] >= 0.9 * m["acc_mean"] for m in members),
+               "run_ids": " ".join(m["run_id"][:8] for m in members)}
+        for k in SEED_METRICS:
+            vals = [m[k] for m in members if not math.isnan(_num(m.get(k)))]
+            mean = sum(vals) / len(vals) if vals else math.nan
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else math.nan
+            row[k], row[k + "_sd"] = mean, sd
+        out.append(row)
+    return out
+
+
+def seeds_markdown(srows: Sequence[Mapping]) -> str:
+    def pm(r, k):
+        m, sd = r[k], r[k + "_sd"]
+        return "" if math.isnan(m) else f"{m:.3f}" + ("" if math.isnan(sd) else f" ± {sd:.3f}")
+
+    lines = ["| config | padding | seeds | mean | worst | gap | worst >= 0.9 mean | train s | lm_loss | runs |",
+             "|" + "---|" * 10]
+    for r in srows:
+        lines.append(f"| {r['config']} | {r['padding']} | {r['seeds']} | {pm(r, 'acc_mean')} | {pm(r, 'acc_worst')} | "
+                     f"{pm(r, 'acc_gap')} | {r['goal_met']}/{r['seeds']} | {pm(r, 'train_seconds')} | "
+                     f"{pm(r, 'lm_loss')} | {r['run_ids']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -229,6 +271,11 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
         fig.savefig(out / "phase_curves.png", dpi=110)
         plt.close(fig)
         files += ["comparison.csv", "phase_curves.png"]
+        srows = seed_rows(rows)
+        write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "goal_met",
+                                             *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
+        (out / "seeds.md").write_text(seeds_markdown(srows))
+        files += ["seeds.csv", "seeds.md"]
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")
     if flips:

@@ -131,3 +131,21 @@ def test_report_bad_selection_exits_2(store, args, key, capsys, tmp_path):
 def test_pareto_front():
     assert tracking.pareto_front([(0.9, 0.4), (0.8, 0.8), (0.7, 0.7), (0.9, 0.4), (math.nan, 1.0)]) == [
         True, True, False, True, False]
+
+
+def test_seed_rows_group_runs_named_by_seed():
+    def row(name, pad, mean, worst, secs):
+        return {"run_id": name + "xxxxxxxx", "run_name": name, "padding": pad, "acc_mean": mean, "acc_worst": worst,
+                "acc_gap": 1.0 - worst, "train_seconds": secs, "lm_loss": math.nan}
+    from phasefix.report import seed_rows, seeds_markdown
+    rows = [row("S4-base-s0", "prefix", 0.8, 0.4, 100.0), row("S4-base-s1", "prefix", 0.6, 0.55, 300.0),
+            row("S4-base-s1", "in_sequence", 0.5, 0.5, 300.0), row("S4-hc", "prefix", 0.9, 0.85, 50.0)]
+    by = {(r["config"], r["padding"]): r for r in seed_rows(rows)}
+    assert set(by) == {("S4-base", "prefix"), ("S4-base", "in_sequence"), ("S4-hc", "prefix")}
+    base = by[("S4-base", "prefix")]
+    assert base["seeds"] == 2 and base["goal_met"] == 1  # 0.55 >= 0.54; 0.4 < 0.72
+    assert base["acc_mean"] == pytest.approx(0.7) and base["acc_mean_sd"] == pytest.approx(math.sqrt(0.02))
+    assert base["train_seconds"] == pytest.approx(200.0) and math.isnan(base["lm_loss"])
+    assert math.isnan(by[("S4-hc", "prefix")]["acc_mean_sd"]) and by[("S4-hc", "prefix")]["goal_met"] == 1
+    md = seeds_markdown(seed_rows(rows))
+    assert "| S4-base | prefix | 2 | 0.700 ± 0.141 |" in md
