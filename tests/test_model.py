@@ -335,6 +335,7 @@ INVALID = {
     "local_memory_enum": (dict(local_memory="ring"), "model.local_memory"),
     "gate_enum": (dict(gate="matrix"), "model.gate"),
     "attn_impl_enum": (dict(attn_impl="cuda"), "model.attn_impl"),
+    "payload_init_enum": (dict(payload_init="zeros"), "model.payload_init"),
     "grid_offset_too_large": (dict(grid_offsets=[4]), "model.grid_offsets"),
 }
 
@@ -347,8 +348,22 @@ def test_invalid_config(case):
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(key), msg
     if case.endswith("_enum"):
-        allowed = {"attention": "full", "local_memory": "tail", "gate": "uniform", "attn_impl": "triton"}
+        allowed = {"attention": "full", "local_memory": "tail", "gate": "uniform", "attn_impl": "triton",
+                   "payload_init": "shared"}
         assert "allowed values" in msg and repr(allowed[key.split(".")[1]]) in msg, msg
+
+
+def test_payload_init_shared_starts_every_slot_equal():
+    torch.manual_seed(0)
+    shared = CompressedQwen3(ModelConfig(**{**SMALL, "window": 8, "stride": 8, "payload_init": "shared"}))
+    indep = CompressedQwen3(ModelConfig(**{**SMALL, "window": 8, "stride": 8}))
+    for model, equal in ((shared, True), (indep, False)):
+        comp = model.layers[0].attn.compressor
+        for name in ("key_payload", "value_payload"):
+            p = getattr(comp, name)
+            assert p.shape[0] == 8 and p.std() > 0.01
+            assert torch.equal(p, p[:1].expand_as(p)) is equal, (name, equal)
+            assert p.data_ptr() != p[1:].data_ptr() and p.is_contiguous()  # separate parameters per slot
 
 
 def test_invalid_keys_and_presets():

@@ -10,6 +10,7 @@ from phasefix.paths import CONF_DIR
 ATTENTION = ("full", "compressed")
 LOCAL_MEMORY = ("window", "tail")
 GATE = ("scalar", "vector", "uniform")
+PAYLOAD_INIT = ("independent", "shared")
 ATTN_IMPL = ("torch", "triton", "auto")
 
 
@@ -39,6 +40,9 @@ class ModelConfig:
     gate: str = "scalar"  # scalar: one logit per slot and KV head; vector: one per channel; uniform: a = 1/W
     gate_bias: bool = True  # per-slot gate bias b_i
     gate_init_std: float = 0.02  # std of the gate weights Z_i (biases start at zero)
+    # per-slot payload maps C_i start as independent draws, or as one draw copied to every slot (they stay
+    # separate parameters and differentiate in training; a key then reads the same from any slot at the start)
+    payload_init: str = "independent"
     tied_kv: bool = False  # values reuse the normalised, rotated compressed keys
     post_norm: bool = False  # K/V norm on each slot's payload (after the payload map) instead of on the pooled entry
     qk_norm: bool = True
@@ -63,6 +67,7 @@ class ModelConfig:
         check_choice("model.attention", self.attention, ATTENTION)
         check_choice("model.local_memory", self.local_memory, LOCAL_MEMORY)
         check_choice("model.gate", self.gate, GATE)
+        check_choice("model.payload_init", self.payload_init, PAYLOAD_INIT)
         check_choice("model.attn_impl", self.attn_impl, ATTN_IMPL)
         check(isinstance(self.stride, int) and self.stride >= 1, "model.stride", self.stride,
               "must be an integer >= 1")

@@ -64,7 +64,9 @@ class Compressor(nn.Module):
         gate_width = HKV if cfg.gate == "scalar" else HKV * D
         branches = ("key",) if cfg.tied_kv else ("key", "value")
         for b in branches:
-            self.register_parameter(f"{b}_payload", nn.Parameter(torch.randn(W, C, HKV * D) * cfg.init_std))
+            draws = 1 if cfg.payload_init == "shared" else W
+            payload = (torch.randn(draws, C, HKV * D) * cfg.init_std).expand(W, C, HKV * D).clone()
+            self.register_parameter(f"{b}_payload", nn.Parameter(payload))
             if cfg.gate != "uniform":
                 self.register_parameter(f"{b}_gate", nn.Parameter(torch.randn(W, C, gate_width) * cfg.gate_init_std))
                 if cfg.gate_bias:
