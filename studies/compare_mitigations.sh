@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The measured mitigation comparison of docs/results.md: every run is a plain `python -m phasefix.fit` on the CPU
 # default (tiny: 2 KV heads, tail, 800 steps) at stride 4 (W4/S4) and stride 8 (W8/S8), tagged comparison=$TAG so
-# `python -m phasefix.report tag.comparison=$TAG` selects them. Two runs at a time, one thread each (2 cores),
-# about 5-6 minutes per pair of runs on the development VM. Lines are in priority order (cut the tail if short).
-# Usage: bash studies/compare_mitigations.sh [TAG]
+# `python -m phasefix.report tag.comparison=$TAG` selects them (and writes seeds.md, the table over seeds).
+# Two runs at a time, one thread each (2 cores): about 5-6 minutes per pair on the development VM, ~2 h in all.
+# Usage: bash studies/compare_mitigations.sh [TAG [REGEX]]   (REGEX: only the runs whose line matches, e.g. 'S8-')
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG="${1:-mitigations_v2}"
+ONLY="${2:-.}"
 COMMON="trainer.num_threads=1 trainer.progress_bar=false +logger.tags.comparison=$TAG"
 {
-  for seed in 0 1 2; do
-    for S in 4 8; do
+  for S in 4 8; do
+    for seed in 0 1 2; do
       echo "seed=$seed model.stride=$S run_name=S$S-baseline-s$seed"
     done
   done
@@ -24,4 +25,4 @@ COMMON="trainer.num_threads=1 trainer.progress_bar=false +logger.tags.comparison
     echo "seed=0 model.stride=$S run_name=S$S-gate_diversity_hard-s0 +mitigation=gate_diversity mitigation.gate_diversity.mode=hard"
     echo "seed=0 model.stride=$S run_name=S$S-phase_jitter-s0 +mitigation=phase_jitter"
   done
-} | xargs -P 2 -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"
+} | grep -E -- "$ONLY" | xargs -P 2 -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"

@@ -357,11 +357,13 @@ def test_payload_init_shared_starts_every_slot_equal():
     torch.manual_seed(0)
     shared = CompressedQwen3(ModelConfig(**{**SMALL, "window": 8, "stride": 8, "payload_init": "shared"}))
     indep = CompressedQwen3(ModelConfig(**{**SMALL, "window": 8, "stride": 8}))
-    for model, equal in ((shared, True), (indep, False)):
+    auto8 = CompressedQwen3(ModelConfig(**{**SMALL, "window": 8, "stride": 8, "payload_init": "auto"}))
+    auto4 = CompressedQwen3(ModelConfig(**{**SMALL, "window": 4, "stride": 4, "payload_init": "auto"}))
+    for model, equal in ((shared, True), (indep, False), (auto8, True), (auto4, False)):
         comp = model.layers[0].attn.compressor
         for name in ("key_payload", "value_payload"):
             p = getattr(comp, name)
-            assert p.shape[0] == 8 and p.std() > 0.01
+            assert p.shape[0] == model.config.window and p.std() > 0.01
             assert torch.equal(p, p[:1].expand_as(p)) is equal, (name, equal)
             assert p.data_ptr() != p[1:].data_ptr() and p.is_contiguous()  # separate parameters per slot
 

@@ -10,7 +10,7 @@ from phasefix.paths import CONF_DIR
 ATTENTION = ("full", "compressed")
 LOCAL_MEMORY = ("window", "tail")
 GATE = ("scalar", "vector", "uniform")
-PAYLOAD_INIT = ("independent", "shared")
+PAYLOAD_INIT = ("independent", "shared", "auto")
 ATTN_IMPL = ("torch", "triton", "auto")
 
 
@@ -41,7 +41,8 @@ class ModelConfig:
     gate_bias: bool = True  # per-slot gate bias b_i
     gate_init_std: float = 0.02  # std of the gate weights Z_i (biases start at zero)
     # per-slot payload maps C_i start as independent draws, or as one draw copied to every slot (they stay
-    # separate parameters and differentiate in training; a key then reads the same from any slot at the start)
+    # separate parameters and differentiate in training; a key then reads the same from any slot at the start);
+    # auto: shared for windows of 8 slots or more, independent below (what learns fastest on the CPU, README)
     payload_init: str = "independent"
     tied_kv: bool = False  # values reuse the normalised, rotated compressed keys
     post_norm: bool = False  # K/V norm on each slot's payload (after the payload map) instead of on the pooled entry
@@ -56,6 +57,10 @@ class ModelConfig:
         self.validate()
 
     # ---- validation: one clear line per bad value, before any work starts ----
+    @property
+    def shared_payload_init(self) -> bool:
+        return self.payload_init == "shared" or (self.payload_init == "auto" and self.window >= 8)
+
     def validate(self) -> None:
         for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                     "intermediate_size", "query_block"):

@@ -64,7 +64,7 @@ class Compressor(nn.Module):
         gate_width = HKV if cfg.gate == "scalar" else HKV * D
         branches = ("key",) if cfg.tied_kv else ("key", "value")
         for b in branches:
-            draws = 1 if cfg.payload_init == "shared" else W
+            draws = 1 if cfg.shared_payload_init else W
             payload = (torch.randn(draws, C, HKV * D) * cfg.init_std).expand(W, C, HKV * D).clone()
             self.register_parameter(f"{b}_payload", nn.Parameter(payload))
             if cfg.gate != "uniform":
