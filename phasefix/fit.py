@@ -172,6 +172,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from phasefix.data import make_phase_eval
     from phasefix.module import PhaseFixModule, RetrievalDataModule
@@ -277,8 +278,10 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         c.log_artifact(run_id, str(out_dir / "summary.json"))
         status = "FINISHED"
         return summary
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C; SIGTERM: Lightning raises SIGTERMException (exit code 0)
         status = "KILLED"
+        if isinstance(e, SIGTERMException):
+            raise SystemExit(128 + 15) from e  # the shell's code for "terminated by SIGTERM"
         raise
     finally:
         c.set_terminated(run_id, status=status)

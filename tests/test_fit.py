@@ -134,6 +134,24 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     assert c.get_run(resumed["mlflow_run_id"]).info.status == "FINISHED"
 
 
+def test_sigterm_ends_the_run_killed(tmp_path):
+    """SIGTERM (a scheduler, `kill`) mid-training: the MLflow run ends KILLED, not RUNNING or FAILED."""
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    out = tmp_path / "term"
+    proc = subprocess.Popen([sys.executable, "-m", "phasefix.fit", *FAST, "trainer.max_steps=100000",
+                             "trainer.checkpoint_every_n_steps=5", *run_overrides(tmp_path, "term")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (out / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0
+    run_id = json.loads((out / "run.json").read_text())["mlflow_run_id"]
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert c.get_run(run_id).info.status == "KILLED"
+
+
 def test_ddp_on_two_gloo_processes_gives_one_mlflow_run(tmp_path):
     summary = fit(compose(FAST + ["trainer=ddp_cpu", "trainer.max_steps=6", "trainer.val_every_n_steps=3",
                                   "trainer.progress_bar=false"] + run_overrides(tmp_path)))
