@@ -20,11 +20,11 @@ COMMON="trainer.num_threads=1 trainer.progress_bar=false +logger.tags.comparison
       echo "seed=$seed model.stride=$S run_name=S$S-gate_diversity-s$seed +mitigation=gate_diversity"
       echo "seed=$seed model.stride=$S run_name=S$S-head_coord-s$seed +mitigation=head_coord"
       echo "seed=$seed model.stride=$S run_name=S$S-staggered_offsets-s$seed +mitigation=staggered_offsets"
+      echo "seed=$seed model.stride=$S run_name=S$S-layer_coord-s$seed +mitigation=layer_coord"
     done
     for seed in 0 1 2; do  # the combination: heads cover complementary phases, layers move the boundary
       echo "seed=$seed model.stride=$S run_name=S$S-head_coord+staggered_offsets-s$seed +mitigation=[head_coord,staggered_offsets]"
     done
-    echo "seed=0 model.stride=$S run_name=S$S-layer_coord-s0 +mitigation=layer_coord"
     echo "seed=0 model.stride=$S run_name=S$S-gate_diversity_hard-s0 +mitigation=gate_diversity mitigation.gate_diversity.mode=hard"
     echo "seed=0 model.stride=$S run_name=S$S-phase_jitter-s0 +mitigation=phase_jitter"
   done
