@@ -25,7 +25,9 @@ COMMON="trainer.num_threads=1 trainer.progress_bar=false +logger.tags.comparison
     for seed in 0 1 2; do  # the combination: heads cover complementary phases, layers move the boundary
       echo "seed=$seed model.stride=$S run_name=S$S-head_coord+staggered_offsets-s$seed +mitigation=[head_coord,staggered_offsets]"
     done
-    echo "seed=0 model.stride=$S run_name=S$S-gate_diversity_hard-s0 +mitigation=gate_diversity mitigation.gate_diversity.mode=hard"
-    echo "seed=0 model.stride=$S run_name=S$S-phase_jitter-s0 +mitigation=phase_jitter"
+    for seed in 0 1 2; do
+      echo "seed=$seed model.stride=$S run_name=S$S-gate_diversity_hard-s$seed +mitigation=gate_diversity mitigation.gate_diversity.mode=hard"
+      echo "seed=$seed model.stride=$S run_name=S$S-phase_jitter-s$seed +mitigation=phase_jitter"
+    done
   done
 } | grep -E -- "$ONLY" | xargs -P 2 -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"
