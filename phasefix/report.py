@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -156,9 +157,8 @@ def seed_rows(rows: Sequence[Mapping]) -> list[dict]:
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in SEED_METRICS:
             vals = [m[k] for m in members if not math.isnan(_num(m.get(k)))]
-            mean = sum(vals) / len(vals) if vals else math.nan
-            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else math.nan
-            row[k], row[k + "_sd"] = mean, sd
+            row[k] = statistics.fmean(vals) if vals else math.nan
+            row[k + "_sd"] = statistics.stdev(vals) if len(vals) > 1 else math.nan
         out.append(row)
     return out
 

@@ -128,11 +128,9 @@ def compressed_attention(
 
     n_vis = num_visible(torch.arange(Tp, device=dev), stride, grid_offset).clamp(max=N)  # [Tp]
 
-    def visible(t):  # the same, as a Python int
-        return min(N, (t + 1 + grid_offset) // stride)
-
+    counts = n_vis.tolist()  # once, as Python ints, for the block bounds
     blocks = [(t0, min(Tp, t0 + query_block)) for t0 in range(0, Tp, query_block)]
-    blocks = [(t0, t1, visible(t0), visible(t1 - 1)) for t0, t1 in blocks]  # (t0, t1, seen by all, by the last)
+    blocks = [(t0, t1, counts[t0], counts[t1 - 1]) for t0, t1 in blocks]  # (t0, t1, seen by all, by the last)
     n_max = blocks[-1][3]
     k_cmp, v_cmp = (x[:, :n_max].transpose(1, 2).contiguous() for x in (k_cmp, v_cmp))  # [B, HKV, n_max, D]
     sink = None if sink is None else sink.view(HKV, G)
