@@ -186,6 +186,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         run_info = tracking.read_json(run_dir / RUN_FILE)
     p = plan(cfg)  # raises ConfigError before anything is written
     model_cfg, data_cfg = p["model"], p["data"]
+    is_lm_mix = cfg.data.get("kind", "retrieval") == "lm_mix"
     resolved = C.to_container(cfg)
 
     torch.set_num_threads(cfg.trainer.num_threads)
@@ -230,7 +231,9 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                 max_steps=cfg.trainer.max_steps,
                                 mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
                                 if cfg.get("mitigation") else None,
-                                paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed)
+                                paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
+                                **({"text_label_start": data_cfg.vocab.byte_start, "lm_weight": data_cfg.lm_weight}
+                                   if is_lm_mix else {}))
         data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
                                    eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                    max_steps=cfg.trainer.max_steps)
@@ -269,7 +272,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
                                           n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size)
         summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
-        if cfg.data.get("kind", "retrieval") == "lm_mix":
+        if is_lm_mix:
             val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
             summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
             c.log_metric(run_id, "final/lm_loss", summary["lm_loss"])

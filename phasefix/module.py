@@ -19,12 +19,17 @@ from phasefix.model import CompressedQwen3, ModelConfig
 class PhaseFixModule(L.LightningModule):
     """Trains a `CompressedQwen3` on next-token loss at the query positions, plus any mitigation terms.
 
+    With a language-modelling mix (`text_label_start`: the first text token id) the retrieval queries and the text
+    are averaged separately, `loss = retrieval + lm_weight * text`, so the ~10x more text labels do not drown the
+    15 queries of a sequence.
+
     Validation: one dataloader per padding mode of the phase-controlled protocol; accuracy of the prediction at
     `query_pos` grouped by residue (`val/<padding>/acc_mean`, `acc_worst`, `acc_gap`).
     """
 
     def __init__(self, model: Mapping, optim: Mapping, max_steps: int, mitigation: Mapping | None = None,
-                 paddings: tuple[str, ...] = ("prefix",), period: int = 24, seed: int = 0):
+                 paddings: tuple[str, ...] = ("prefix",), period: int = 24, seed: int = 0,
+                 text_label_start: int | None = None, lm_weight: float = 1.0):
         super().__init__()
         self.save_hyperparameters(logger=False)
         self.mitigations = build_mitigations(mitigation)
@@ -51,7 +56,7 @@ class PhaseFixModule(L.LightningModule):
             for m in self.mitigations:
                 input_ids, labels = m.transform_batch(input_ids, labels, gen)
         logits = self.model(input_ids, collect_gates=self.needs_gates)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        loss, parts = next_token_loss(logits, labels, self.hparams.text_label_start, self.hparams.lm_weight)
         terms = {}
         if self.needs_gates:
             gates = self.model.gates()
@@ -65,6 +70,8 @@ class PhaseFixModule(L.LightningModule):
         acc = (logits.argmax(-1)[mask] == labels[mask]).float().mean()
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/query_acc", acc, prog_bar=True)
+        for name, value in parts.items():
+            self.log(f"train/{name}", value)
         for name, value in terms.items():
             self.log(f"train/mitigation/{name}", value)
         return total
@@ -118,6 +125,18 @@ class PhaseFixModule(L.LightningModule):
             input_ids = self._gate_probe
         self.model(input_ids.to(self.device), collect_gates=True)
         return static_gate_distribution(self.model.gates(), self.model_config)
+
+
+def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weight: float = 1.0):
+    """(loss, its parts): the mean cross-entropy over labelled positions (-100: none); with text labels (ids >=
+    text_label_start) the retrieval mean plus lm_weight times the text mean."""
+    logits, labels = logits.flatten(0, 1).float(), labels.flatten()
+    if text_label_start is None:
+        return F.cross_entropy(logits, labels, ignore_index=-100), {}
+    is_text = labels >= text_label_start
+    retrieval = F.cross_entropy(logits, labels.masked_fill(is_text, -100), ignore_index=-100)
+    text = F.cross_entropy(logits, labels.masked_fill(~is_text, -100), ignore_index=-100)
+    return retrieval + lm_weight * text, {"retrieval_loss": retrieval, "text_loss": text}
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@
 # unmitigated and with each mitigation that applies to one KV head (head_coord needs two heads per layer).
 # Tagged comparison=$TAG; `python -m phasefix.report tag.comparison=$TAG` writes the table (seeds.md with lm_loss).
 # Two runs at a time, one thread each: about 12 minutes per pair on the 2-core development VM.
-# Usage: bash studies/compare_hard.sh [TAG [SEEDS]]
+# Usage: [JOBS=2] bash studies/compare_hard.sh [TAG [SEEDS]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG="${1:-hard_v1}"
@@ -17,4 +17,4 @@ COMMON="+experiment=lm_mix_1kv_w8s8 trainer.num_threads=1 trainer.progress_bar=f
     echo "seed=$seed run_name=lm1kv-layer_coord-s$seed +mitigation=layer_coord"
     echo "seed=$seed run_name=lm1kv-staggered_offsets-s$seed +mitigation=staggered_offsets"
   done
-} | xargs -P 2 -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"
+} | xargs -P "${JOBS:-2}" -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"

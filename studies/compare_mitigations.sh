@@ -3,7 +3,7 @@
 # default (tiny: 2 KV heads, tail, 800 steps) at stride 4 (W4/S4) and stride 8 (W8/S8), tagged comparison=$TAG so
 # `python -m phasefix.report tag.comparison=$TAG` selects them (and writes seeds.md, the table over seeds).
 # Two runs at a time, one thread each (2 cores): about 5-6 minutes per pair on the development VM, ~2 h in all.
-# Usage: bash studies/compare_mitigations.sh [TAG [REGEX]]   (REGEX: only the runs whose line matches, e.g. 'S8-')
+# Usage: [JOBS=2] bash studies/compare_mitigations.sh [TAG [REGEX]]   (REGEX: only the runs whose line matches, e.g. 'S8-')
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG="${1:-mitigations_v2}"
@@ -30,4 +30,4 @@ COMMON="trainer.num_threads=1 trainer.progress_bar=false +logger.tags.comparison
       echo "seed=$seed model.stride=$S run_name=S$S-phase_jitter-s$seed +mitigation=phase_jitter"
     done
   done
-} | grep -E -- "$ONLY" | xargs -P 2 -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"
+} | grep -E -- "$ONLY" | xargs -P "${JOBS:-2}" -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"

@@ -86,3 +86,26 @@ def test_glob_matching_nothing(letter_corpus, tmp_path):
     cfg = LMMixConfig(corpus=str(letter_corpus), corpus_glob="*.md")
     with pytest.raises(ConfigError, match="data.corpus_glob"):
         make_lm_mix_dataset(cfg, cache_dir=tmp_path)
+
+
+def test_training_loss_averages_queries_and_text_separately():
+    """Hand-computed: 2 query labels and 6 text labels; the loss is mean(query NLL) + w * mean(text NLL), not the
+    mean over all 8 (which would give the text 3/4 of the weight)."""
+    import math
+
+    import torch
+
+    from phasefix.module import next_token_loss
+
+    text_start = 10
+    logits = torch.randn(1, 9, 16, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[3, 11, 12, -100, 5, 13, 14, 15, 10]])
+    nll = [-torch.log_softmax(logits[0, i], -1)[labels[0, i]].item() for i in range(9) if labels[0, i] >= 0]
+    labelled = [int(x) for x in labels[0] if x >= 0]
+    query = [n for n, y in zip(nll, labelled) if y < text_start]
+    text = [n for n, y in zip(nll, labelled) if y >= text_start]
+    assert len(query) == 2 and len(text) == 6
+    loss, parts = next_token_loss(logits, labels, text_label_start=text_start, lm_weight=0.5)
+    assert math.isclose(parts["retrieval_loss"].item(), sum(query) / 2, rel_tol=1e-5)
+    assert math.isclose(parts["text_loss"].item(), sum(text) / 6, rel_tol=1e-5)
+    assert math.isclose(loss.item(), sum(query) / 2 + 0.5 * sum(text) / 6, rel_tol=1e-5)

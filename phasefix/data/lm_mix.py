@@ -36,12 +36,15 @@ class LMMixConfig(RetrievalConfig):
     corpus: str | None = None  # a text file or a directory; None: the Python standard library's .py files
     corpus_glob: str = "*.py"  # files taken from a corpus directory (use "**/*.txt" etc. to recurse)
     val_fraction: float = 0.1
+    lm_weight: float = 1.0  # training loss = retrieval mean + lm_weight * text mean (each over its own labels)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for key in ("text_before", "text_after"):
             value = getattr(self, key)
             check(isinstance(value, int) and value >= 2, f"data.{key}", value, "must be an integer >= 2")
+        check(isinstance(self.lm_weight, (int, float)) and self.lm_weight >= 0, "data.lm_weight", self.lm_weight,
+              "must be a number >= 0")
         check(0.0 < self.val_fraction < 1.0, "data.val_fraction", self.val_fraction, "must be in (0, 1)")
         check(self.corpus is None or Path(self.corpus).exists(), "data.corpus", self.corpus,
               "must be an existing file or directory, or null for the Python standard library")
@@ -97,7 +100,8 @@ def make_lm_mix_dataset(cfg: LMMixConfig, split: str = "train", seed: int | None
     # The corpus's identity (names, sizes, times) keys the cache, so edited files are never served stale.
     corpus_id = hashlib.sha1(repr([(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
                                    for p in files]).encode()).hexdigest()
-    params = {**asdict(cfg), "corpus": str(root), "corpus_id": corpus_id, "split": split, "seed": seed}
+    data = {k: v for k, v in asdict(cfg).items() if k != "lm_weight"}  # a training weight, not data
+    params = {**data, "corpus": str(root), "corpus_id": corpus_id, "split": split, "seed": seed}
     return cached_dataset("lm_mix", params, lambda: arrays_to_dataset(_build(cfg, split, seed)), cache_dir)
 
 
