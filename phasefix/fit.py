@@ -232,7 +232,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                 mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
                                 if cfg.get("mitigation") else None,
                                 paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
-                                **({"text_label_start": data_cfg.vocab.byte_start, "lm_weight": data_cfg.lm_weight}
+                                **({"text_label_start": data_cfg.vocab.byte_start, "lm_weight": data_cfg.lm_weight,
+                                    "lm_start_step": data_cfg.lm_start_step, "lm_ramp_steps": data_cfg.lm_ramp_steps}
                                    if is_lm_mix else {}))
         data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
                                    eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,

@@ -20,8 +20,9 @@ class PhaseFixModule(L.LightningModule):
     """Trains a `CompressedQwen3` on next-token loss at the query positions, plus any mitigation terms.
 
     With a language-modelling mix (`text_label_start`: the first text token id) the retrieval queries and the text
-    are averaged separately, `loss = retrieval + lm_weight * text`, so the ~10x more text labels do not drown the
-    15 queries of a sequence.
+    are averaged separately, `loss = retrieval + w(step) * text`, so the ~10x more text labels do not drown the
+    15 queries of a sequence; w is 0 before `lm_start_step`, then rises linearly to `lm_weight` over
+    `lm_ramp_steps` (measured: with the text loss on from step 0 the tiny model never leaves the retrieval plateau).
 
     Validation: one dataloader per padding mode of the phase-controlled protocol; accuracy of the prediction at
     `query_pos` grouped by residue (`val/<padding>/acc_mean`, `acc_worst`, `acc_gap`).
@@ -29,7 +30,8 @@ class PhaseFixModule(L.LightningModule):
 
     def __init__(self, model: Mapping, optim: Mapping, max_steps: int, mitigation: Mapping | None = None,
                  paddings: tuple[str, ...] = ("prefix",), period: int = 24, seed: int = 0,
-                 text_label_start: int | None = None, lm_weight: float = 1.0):
+                 text_label_start: int | None = None, lm_weight: float = 1.0, lm_start_step: int = 0,
+                 lm_ramp_steps: int = 0):
         super().__init__()
         self.save_hyperparameters(logger=False)
         self.mitigations = build_mitigations(mitigation)
@@ -56,7 +58,7 @@ class PhaseFixModule(L.LightningModule):
             for m in self.mitigations:
                 input_ids, labels = m.transform_batch(input_ids, labels, gen)
         logits = self.model(input_ids, collect_gates=self.needs_gates)
-        loss, parts = next_token_loss(logits, labels, self.hparams.text_label_start, self.hparams.lm_weight)
+        loss, parts = next_token_loss(logits, labels, self.hparams.text_label_start, self.text_weight())
         terms = {}
         if self.needs_gates:
             gates = self.model.gates()
@@ -75,6 +77,10 @@ class PhaseFixModule(L.LightningModule):
         for name, value in terms.items():
             self.log(f"train/mitigation/{name}", value)
         return total
+
+    def text_weight(self) -> float:
+        hp = self.hparams
+        return text_loss_weight(self.global_step, hp.lm_weight, hp.lm_start_step, hp.lm_ramp_steps)
 
     def configure_optimizers(self):
         o = self.hparams.optim
@@ -125,6 +131,13 @@ class PhaseFixModule(L.LightningModule):
             input_ids = self._gate_probe
         self.model(input_ids.to(self.device), collect_gates=True)
         return static_gate_distribution(self.model.gates(), self.model_config)
+
+
+def text_loss_weight(step: int, lm_weight: float, start_step: int = 0, ramp_steps: int = 0) -> float:
+    """0 before start_step, then lm_weight * (step - start_step + 1) / ramp_steps, capped at lm_weight."""
+    if step < start_step:
+        return 0.0
+    return lm_weight * min(1.0, (step - start_step + 1) / ramp_steps) if ramp_steps > 0 else lm_weight
 
 
 def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weight: float = 1.0):

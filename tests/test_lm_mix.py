@@ -109,3 +109,16 @@ def test_training_loss_averages_queries_and_text_separately():
     assert math.isclose(parts["retrieval_loss"].item(), sum(query) / 2, rel_tol=1e-5)
     assert math.isclose(parts["text_loss"].item(), sum(text) / 6, rel_tol=1e-5)
     assert math.isclose(loss.item(), sum(query) / 2 + 0.5 * sum(text) / 6, rel_tol=1e-5)
+
+
+def test_text_loss_weight_is_off_then_ramps():
+    from phasefix.module import text_loss_weight
+
+    assert [text_loss_weight(s, 2.0, start_step=3, ramp_steps=4) for s in range(9)] == \
+        [0.0, 0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.0, 2.0]
+    assert text_loss_weight(0, 0.7) == 0.7  # no schedule: on from the first step
+
+
+def test_lm_schedule_keys_are_checked():
+    with pytest.raises(ConfigError, match="data.lm_start_step"):
+        LMMixConfig(lm_start_step=-1)

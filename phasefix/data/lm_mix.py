@@ -37,6 +37,8 @@ class LMMixConfig(RetrievalConfig):
     corpus_glob: str = "*.py"  # files taken from a corpus directory (use "**/*.txt" etc. to recurse)
     val_fraction: float = 0.1
     lm_weight: float = 1.0  # training loss = retrieval mean + lm_weight * text mean (each over its own labels)
+    lm_start_step: int = 0  # the text loss is off before this step (lets the retrieval circuit form first)
+    lm_ramp_steps: int = 0  # then its weight rises linearly to lm_weight over this many steps
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,6 +47,9 @@ class LMMixConfig(RetrievalConfig):
             check(isinstance(value, int) and value >= 2, f"data.{key}", value, "must be an integer >= 2")
         check(isinstance(self.lm_weight, (int, float)) and self.lm_weight >= 0, "data.lm_weight", self.lm_weight,
               "must be a number >= 0")
+        for key in ("lm_start_step", "lm_ramp_steps"):
+            value = getattr(self, key)
+            check(isinstance(value, int) and value >= 0, f"data.{key}", value, "must be an integer >= 0")
         check(0.0 < self.val_fraction < 1.0, "data.val_fraction", self.val_fraction, "must be in (0, 1)")
         check(self.corpus is None or Path(self.corpus).exists(), "data.corpus", self.corpus,
               "must be an existing file or directory, or null for the Python standard library")
@@ -100,7 +105,7 @@ def make_lm_mix_dataset(cfg: LMMixConfig, split: str = "train", seed: int | None
     # The corpus's identity (names, sizes, times) keys the cache, so edited files are never served stale.
     corpus_id = hashlib.sha1(repr([(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
                                    for p in files]).encode()).hexdigest()
-    data = {k: v for k, v in asdict(cfg).items() if k != "lm_weight"}  # a training weight, not data
+    data = {k: v for k, v in asdict(cfg).items() if not k.startswith("lm_")}  # training weights, not data
     params = {**data, "corpus": str(root), "corpus_id": corpus_id, "split": split, "seed": seed}
     return cached_dataset("lm_mix", params, lambda: arrays_to_dataset(_build(cfg, split, seed)), cache_dir)
 
