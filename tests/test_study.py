@@ -146,6 +146,18 @@ def test_misspelt_override_key_fails_before_any_trial(tmp_path):
         validate(load_spec(write_study(tmp_path, "sqlite://", params=params)))
 
 
+def test_a_choice_the_model_cannot_take_fails_before_any_trial(tmp_path):
+    """head_coord needs two KV heads: with one, every trial drawing it would fail, so the study must not start."""
+    from phasefix.study import load_spec, validate
+
+    raw = yaml.safe_load(SMOKE.read_text())
+    path = write_study(tmp_path, "sqlite://", base=raw["base"] + ["model.num_kv_heads=1"])
+    with pytest.raises(ConfigError) as e:
+        validate(load_spec(path), deep=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("smoke.yaml: ") and "head_coord" in msg and "num_kv_heads=1" in msg
+
+
 def test_search_space_is_conditional_on_the_mitigation_set():
     import optuna
 
