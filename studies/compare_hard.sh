@@ -4,20 +4,21 @@
 # table (seeds.md with lm_loss). EXPERIMENT: lm_mix_w4s4 (default: the CPU model, 2 KV heads) or lm_mix_1kv_w8s8
 # (one KV head: head_coord, which needs two KV heads per layer, is left out).
 # Two runs at a time, one thread each: about 11 minutes per pair on the 2-core development VM.
-# Usage: [JOBS=2] bash studies/compare_hard.sh [TAG [SEEDS [EXPERIMENT]]]
-set -euo pipefail
+# Usage: [JOBS=2] bash studies/compare_hard.sh [TAG [SEEDS [EXPERIMENT [REGEX]]]]   (REGEX: only the matching runs)
+set -euo pipefail -f  # -f: no globbing of [a,b] mitigation lists
 cd "$(dirname "$0")/.."
 TAG="${1:-lm_v2}"
 SEEDS="${2:-0 1 2}"
 EXPERIMENT="${3:-lm_mix_w4s4}"
+ONLY="${4:-.}"
 COMMON="+experiment=$EXPERIMENT trainer.num_threads=1 trainer.progress_bar=false +logger.tags.comparison=$TAG"
-MITIGATIONS="gate_diversity head_coord layer_coord"
-[ "$EXPERIMENT" = lm_mix_1kv_w8s8 ] && MITIGATIONS="gate_diversity layer_coord staggered_offsets"
+MITIGATIONS="gate_diversity head_coord layer_coord [head_coord,layer_coord]"  # the pair: both learned in every seed
+[ "$EXPERIMENT" = lm_mix_1kv_w8s8 ] && MITIGATIONS="gate_diversity layer_coord staggered_offsets [gate_diversity,layer_coord]"
 {
   for seed in $SEEDS; do
     echo "seed=$seed run_name=$EXPERIMENT-baseline-s$seed"
     for m in $MITIGATIONS; do
-      echo "seed=$seed run_name=$EXPERIMENT-$m-s$seed +mitigation=$m"
+      echo "seed=$seed run_name=$EXPERIMENT-$(echo "$m" | tr -d '[]' | tr , +)-s$seed +mitigation=$m"
     done
   done
-} | xargs -P "${JOBS:-2}" -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"
+} | grep -E -- "$ONLY" | xargs -P "${JOBS:-2}" -I{} sh -c "python -m phasefix.fit $COMMON {} > /dev/null 2>&1 || echo 'failed: {}'"
