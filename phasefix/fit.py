@@ -60,14 +60,21 @@ def _one_line_hydra_error(e: Exception, overrides: Sequence[str]) -> str:
     return f"{first} (overrides: {' '.join(overrides)})"
 
 
-def plan(cfg: DictConfig) -> dict:
-    """Validate everything and build the objects of a run, before any training or MLflow run starts."""
+def plan_model(cfg: DictConfig):
+    """(model config as the mitigations change it, the mitigations); ConfigError when a mitigation cannot apply to
+    the model (e.g. head_coord with one KV head)."""
     from phasefix.mitigations import build_mitigations
 
     model_cfg = C.model_config(cfg)
     mitigations = build_mitigations(cfg.get("mitigation"))
     for m in mitigations:
         model_cfg = m.configure_model(model_cfg)
+    return model_cfg, mitigations
+
+
+def plan(cfg: DictConfig) -> dict:
+    """Validate everything and build the objects of a run, before any training or MLflow run starts."""
+    model_cfg, mitigations = plan_model(cfg)
     C.validate_trainer(cfg.trainer)
     C.validate_optim(cfg.optim)
     C.validate_eval(cfg.eval)
@@ -175,6 +182,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from phasefix.data import make_phase_eval
+    from phasefix.data.lm_mix import LMMixConfig
     from phasefix.module import PhaseFixModule, RetrievalDataModule
 
     resume_ckpt = None
@@ -186,7 +194,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         run_info = tracking.read_json(run_dir / RUN_FILE)
     p = plan(cfg)  # raises ConfigError before anything is written
     model_cfg, data_cfg = p["model"], p["data"]
-    is_lm_mix = cfg.data.get("kind", "retrieval") == "lm_mix"
+    is_lm_mix = isinstance(data_cfg, LMMixConfig)
     resolved = C.to_container(cfg)
 
     torch.set_num_threads(cfg.trainer.num_threads)
@@ -232,9 +240,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                 mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
                                 if cfg.get("mitigation") else None,
                                 paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
-                                **({"text_label_start": data_cfg.vocab.byte_start, "lm_weight": data_cfg.lm_weight,
-                                    "lm_start_step": data_cfg.lm_start_step, "lm_ramp_steps": data_cfg.lm_ramp_steps}
-                                   if is_lm_mix else {}))
+                                **(data_cfg.text_loss if is_lm_mix else {}))
         data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
                                    eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                    max_steps=cfg.trainer.max_steps)

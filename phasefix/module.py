@@ -69,6 +69,8 @@ class PhaseFixModule(L.LightningModule):
             raise FloatingPointError(f"train/loss is {total.item()} at step {self.global_step}: stopping; the last "
                                      "good checkpoint is kept (lower optim.lr or trainer.gradient_clip_val)")
         mask = labels != -100
+        if self.hparams.text_label_start is not None:  # accuracy of the retrieval queries only, not the text
+            mask &= labels < self.hparams.text_label_start
         acc = (logits.argmax(-1)[mask] == labels[mask]).float().mean()
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/query_acc", acc, prog_bar=True)
@@ -146,9 +148,9 @@ def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weig
     logits, labels = logits.flatten(0, 1).float(), labels.flatten()
     if text_label_start is None:
         return F.cross_entropy(logits, labels, ignore_index=-100), {}
+    nll = F.cross_entropy(logits, labels, ignore_index=-100, reduction="none")  # one softmax over [B*T, V]
     is_text = labels >= text_label_start
-    retrieval = F.cross_entropy(logits, labels.masked_fill(is_text, -100), ignore_index=-100)
-    text = F.cross_entropy(logits, labels.masked_fill(~is_text, -100), ignore_index=-100)
+    retrieval, text = nll[(labels != -100) & ~is_text].mean(), nll[is_text].mean()
     return retrieval + lm_weight * text, {"retrieval_loss": retrieval, "text_loss": text}
 
 

@@ -456,20 +456,14 @@ def validation_overrides(spec: StudySpec) -> list[list[str]]:
 
 def validate(spec: StudySpec, deep: bool = True) -> None:
     """Compose the base and the search space's corners (ConfigError naming the key); `plan()` the base."""
-    from phasefix.fit import compose, plan
-
-    from phasefix.config import model_config
-    from phasefix.mitigations import build_mitigations
+    from phasefix.fit import compose, plan, plan_model
 
     base_cfg = compose(spec.base)
     if deep:
         plan(base_cfg)
     for ovs in validation_overrides(spec):
-        cfg = compose(ovs)
-        model_cfg = model_config(cfg)
         try:  # a choice the model cannot take (head_coord with one KV head) would fail every trial that draws it
-            for m in build_mitigations(cfg.get("mitigation")):
-                model_cfg = m.configure_model(model_cfg)
+            plan_model(compose(ovs))
         except ConfigError as e:
             raise ConfigError(f"{spec.path.name}: {e}") from None
     pads = set(base_cfg.eval.paddings)

@@ -29,6 +29,9 @@ from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import check, check_choice
 
 
+TEXT_LOSS_KEYS = ("lm_weight", "lm_start_step", "lm_ramp_steps")
+
+
 @dataclass
 class LMMixConfig(RetrievalConfig):
     text_before: int = 64
@@ -36,9 +39,10 @@ class LMMixConfig(RetrievalConfig):
     corpus: str | None = None  # a text file or a directory; None: the Python standard library's .py files
     corpus_glob: str = "*.py"  # files taken from a corpus directory (use "**/*.txt" etc. to recurse)
     val_fraction: float = 0.1
+    # how training weighs the text (TEXT_LOSS_KEYS: not part of the data, so not part of its cache key)
     lm_weight: float = 1.0  # training loss = retrieval mean + lm_weight * text mean (each over its own labels)
-    lm_start_step: int = 0  # the text loss is off before this step (lets the retrieval circuit form first)
-    lm_ramp_steps: int = 0  # then its weight rises linearly to lm_weight over this many steps
+    lm_start_step: int = 300  # the text loss is off before this step (lets the retrieval circuit form first)
+    lm_ramp_steps: int = 100  # then its weight rises linearly to lm_weight over this many steps
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,6 +57,11 @@ class LMMixConfig(RetrievalConfig):
         check(0.0 < self.val_fraction < 1.0, "data.val_fraction", self.val_fraction, "must be in (0, 1)")
         check(self.corpus is None or Path(self.corpus).exists(), "data.corpus", self.corpus,
               "must be an existing file or directory, or null for the Python standard library")
+
+    @property
+    def text_loss(self) -> dict:
+        """`PhaseFixModule` options for the mixed loss: the first text label id and the text weight's schedule."""
+        return {"text_label_start": self.vocab.byte_start, **{k: getattr(self, k) for k in TEXT_LOSS_KEYS}}
 
     @property
     def block(self) -> RetrievalConfig:
@@ -105,7 +114,7 @@ def make_lm_mix_dataset(cfg: LMMixConfig, split: str = "train", seed: int | None
     # The corpus's identity (names, sizes, times) keys the cache, so edited files are never served stale.
     corpus_id = hashlib.sha1(repr([(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
                                    for p in files]).encode()).hexdigest()
-    data = {k: v for k, v in asdict(cfg).items() if not k.startswith("lm_")}  # training weights, not data
+    data = {k: v for k, v in asdict(cfg).items() if k not in TEXT_LOSS_KEYS}
     params = {**data, "corpus": str(root), "corpus_id": corpus_id, "split": split, "seed": seed}
     return cached_dataset("lm_mix", params, lambda: arrays_to_dataset(_build(cfg, split, seed)), cache_dir)
 
