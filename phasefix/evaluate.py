@@ -19,6 +19,8 @@ Options (default):
   max_length        prompt length in tokens (Hugging Face; needle: fills it with records), up to 128K and beyond
   num_records, num_demos, max_pad, target_span, num_filler   task sizes (phasefix run: those it trained on)
   lengths (4 * period), start (0)   flip: number of filler lengths and the shortest
+  text (true for a phasefix LM-mix run)  held-out text before the records, as in its training (false: the plain
+                    protocol prompts)
   device (cuda if available, else cpu)  dtype (float32 | bfloat16 | float16)  which (last | best: phasefix ckpt)
   tracking_uri, experiment (phasefix), run_name, out (outputs/<date>/<time>-evaluate-<task>-<model>),
   progress (true)
@@ -47,7 +49,7 @@ SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "
                 "worst_ci", "gap_ci", "periodicity_ratio", "fold_stride")
 TASK_OPTIONS = ("num_records", "num_demos", "max_pad", "target_span", "num_filler", "max_length")
 DEFAULTS = dict(model=None, task=None, period=None, stride=None, padding="prefix,in_sequence", per_residue=48,
-                batch_size=None, n_boot=2000, seed=0, **{k: None for k in TASK_OPTIONS}, lengths=None, start=0,
+                batch_size=None, n_boot=2000, seed=0, **{k: None for k in TASK_OPTIONS}, lengths=None, start=0, text=None,
                 device=None, dtype="float32", which="last", tracking_uri=None, experiment="phasefix",
                 run_name=None, out=None, progress=True)
 RAW_STRING_KEYS = ("model", "tracking_uri", "experiment", "run_name", "out", "padding")
@@ -187,7 +189,9 @@ def parse_args(argv: Sequence[str] | Mapping) -> dict:
         check(isinstance(opts[key], int) and opts[key] >= 1, key, opts[key], "must be an integer >= 1")
     check_choice("dtype", opts["dtype"], ("float32", "bfloat16", "float16"))
     check_choice("which", opts["which"], ("last", "best"))
-    check(isinstance(opts["progress"], bool), "progress", opts["progress"], "must be true or false")
+    for key in ("progress", "text"):
+        check(isinstance(opts[key], bool) or (key == "text" and opts[key] is None), key, opts[key],
+              "must be true or false")
     return opts
 
 
@@ -196,8 +200,10 @@ class Target:
     """What is evaluated: kind 'hf' (model + tokenizer) or 'phasefix' (module.model + its training task)."""
 
     def __init__(self, kind: str, model, name: str, source: str, *, tokenizer=None, period: int = 24,
-                 stride: int | None = None, task_kwargs: dict | None = None, tags: dict | None = None):
+                 stride: int | None = None, task_kwargs: dict | None = None, tags: dict | None = None,
+                 data_cfg=None):
         self.kind, self.model, self.name, self.source, self.tokenizer = kind, model, name, source, tokenizer
+        self.data_cfg = data_cfg  # phasefix: the training data config (the LM mix adds text to the prompts)
         self.period, self.stride, self.task_kwargs, self.tags = period, stride, task_kwargs or {}, tags or {}
 
 
@@ -254,7 +260,8 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
         tags["phasefix.source_run"] = tracking.read_json(run_dir / RUN_FILE).get("mlflow_run_id", "")
     stride = module.model_config.stride if module.model_config.compressed else None
     return Target("phasefix", module.model.to(device).eval(), str(m.get("name")), str(ckpt),
-                  period=int(hp.get("period", 24)), stride=stride, task_kwargs=eval_task_kwargs(data_cfg), tags=tags)
+                  period=int(hp.get("period", 24)), stride=stride, task_kwargs=eval_task_kwargs(data_cfg), tags=tags,
+                  data_cfg=data_cfg)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -339,6 +346,11 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
 
         return {"flip": FlipProbe(target.tokenizer, period=period, lengths=opts["lengths"], start=opts["start"])}
     check(opts["lengths"] is None, "lengths", opts["lengths"], "applies to task='flip' only")
+    from phasefix.data.lm_mix import LMMixConfig, add_text_context
+
+    is_lm_mix = isinstance(target.data_cfg, LMMixConfig)
+    check(opts["text"] is None or is_lm_mix, "text", opts["text"],
+          "applies to phasefix checkpoints trained with data.kind=lm_mix only")
     if target.kind == "hf":
         from phasefix.text_prompts import TextPhaseSet
 
@@ -361,9 +373,12 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
         kw = {k: kw[k] for k in ("num_keys", "num_values", "num_filler")}
         kw["num_demos"] = TASK_DEFAULTS["needle"]["num_demos"]
     kw.update(task_opts)
-    sets = {pad: make_phase_eval(task, pad, period=period, per_residue=opts["per_residue"], seed=opts["seed"],
-                                 **kw).with_format("torch") for pad in opts["padding"]}
-    return {"sets": sets, "synthetic_kwargs": kw}
+    sets = {pad: make_phase_eval(task, pad, period=period, per_residue=opts["per_residue"], seed=opts["seed"], **kw)
+            for pad in opts["padding"]}
+    if is_lm_mix and opts["text"] is not False:
+        sets = {pad: add_text_context(ds, target.data_cfg, period, opts["seed"]) for pad, ds in sets.items()}
+        kw = {**kw, "text_before": target.data_cfg.text_before}
+    return {"sets": {pad: ds.with_format("torch") for pad, ds in sets.items()}, "synthetic_kwargs": kw}
 
 
 def _plain(v):

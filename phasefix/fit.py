@@ -138,6 +138,19 @@ def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> floa
     return total / max(count, 1)
 
 
+def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, text_context: bool = True):
+    """The phase-controlled prompts (torch format) for the task the model was trained on; for the LM mix with
+    held-out text before the records, as in training (text_context=False: the plain protocol prompts)."""
+    from phasefix.data import make_phase_eval
+    from phasefix.data.lm_mix import LMMixConfig, add_text_context
+
+    ds = make_phase_eval("kv_lookup", padding, period=period, per_residue=per_residue, seed=seed,
+                         **eval_task_kwargs(data_cfg))
+    if text_context and isinstance(data_cfg, LMMixConfig):
+        ds = add_text_context(ds, data_cfg, period, seed)
+    return ds.with_format("torch")
+
+
 def eval_task_kwargs(data_cfg) -> dict:
     """`make_phase_eval` options that evaluate the task the model was trained on (sizes, vocabulary, filler)."""
     return dict(num_records=data_cfg.num_records, num_demos=min(data_cfg.num_demos, data_cfg.num_records - 1),
@@ -181,7 +194,6 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from lightning.pytorch.loggers import MLFlowLogger
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from phasefix.data import make_phase_eval
     from phasefix.data.lm_mix import LMMixConfig
     from phasefix.module import PhaseFixModule, RetrievalDataModule
 
@@ -203,10 +215,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
     # data first: a broken data config must not leave a half-written run behind
     train_set = train_dataset(data_cfg, "train", cfg.seed).with_format("torch")
-    eval_kwargs = eval_task_kwargs(data_cfg)
-    val_sets = {pad: make_phase_eval("kv_lookup", pad, period=cfg.eval.period,
-                                     per_residue=cfg.eval.val_per_residue, seed=cfg.eval.seed + 1,
-                                     **eval_kwargs).with_format("torch")
+    val_sets = {pad: eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.val_per_residue, cfg.eval.seed + 1)
                 for pad in cfg.eval.paddings}
 
     c = tracking.client(cfg.logger.tracking_uri)
@@ -274,8 +283,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         model = module.model.eval()
         results = {}
         for pad in cfg.eval.paddings:
-            ds = make_phase_eval("kv_lookup", pad, period=cfg.eval.period, per_residue=cfg.eval.per_residue,
-                                 seed=cfg.eval.seed, **eval_kwargs).with_format("torch")
+            ds = eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.per_residue, cfg.eval.seed)
             results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
                                           n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size)
         summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)

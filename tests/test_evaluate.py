@@ -247,6 +247,40 @@ def test_phasefix_checkpoint_uses_its_training_task(tmp_path):
         evaluate([f"model={run_dir}", "task=flip"] + run_args(tmp_path, "out2"))
 
 
+def _save_fit_run(run_dir, cfg):
+    from omegaconf import OmegaConf
+
+    from phasefix.module import PhaseFixModule
+
+    module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                            optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=1,
+                            paddings=("prefix",), period=24)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()},
+               run_dir / "checkpoints" / "last.ckpt")
+
+
+def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
+    from phasefix.data import make_phase_eval
+    from phasefix.fit import compose, eval_task_kwargs
+
+    cfg = compose(["data=lm_mix", "model.vocab_size=384", "data.text_before=16"])
+    run_dir = tmp_path / "lmrun"
+    _save_fit_run(run_dir, cfg)
+    plain_length = len(make_phase_eval("kv_lookup", "prefix", per_residue=1, **eval_task_kwargs(cfg.data))[0]["input_ids"])
+    base = [f"model={run_dir}", "task=kv_lookup", "per_residue=1", "padding=prefix"]
+    with_text = evaluate(base + run_args(tmp_path, "a"))
+    assert with_text["prompts"]["prefix"]["prompt_length"] == plain_length + 16
+    assert with_text["prompts"]["prefix"]["text_before"] == 16 and with_text["prefix"]["count"] == [1] * 24
+    plain = evaluate(base + ["text=false"] + run_args(tmp_path, "b"))
+    assert plain["prompts"]["prefix"]["prompt_length"] == plain_length
+    plain_run = tmp_path / "plainrun"
+    _save_fit_run(plain_run, compose([]))
+    with pytest.raises(ConfigError, match="text=True.*lm_mix"):
+        evaluate([f"model={plain_run}", "task=kv_lookup", "text=true"] + run_args(tmp_path, "c"))
+
+
 @pytest.mark.parametrize("args,key", [(["task=kv_lookup"], "model="), (["model=/nonexistent", "task=kv_lookup"], "model="),
                                       (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "option=")])
 def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):

@@ -122,3 +122,39 @@ def test_text_loss_weight_is_off_then_ramps():
 def test_lm_schedule_keys_are_checked():
     with pytest.raises(ConfigError, match="data.lm_start_step"):
         LMMixConfig(lm_start_step=-1)
+
+
+def test_eval_prompts_get_held_out_text_and_keep_balanced_residues(tmp_path):
+    from phasefix.data import make_phase_eval
+    from phasefix.data.lm_mix import add_text_context
+
+    path = tmp_path / "one.txt"
+    tail = bytes(range(ord("A"), ord("Z") + 1)) * 4  # the held-out 10%: capitals only, so any window is recognisable
+    path.write_bytes(b"a" * (9 * len(tail)) + tail)
+    cfg = LMMixConfig(corpus=str(path), val_fraction=0.1, text_before=10, num_records=16, num_demos=15)
+    period, n = 24, 10
+    plain = make_phase_eval("kv_lookup", "in_sequence", period=period, per_residue=24, num_records=16, num_demos=15,
+                            num_keys=32, num_values=32, num_filler=16, max_pad=71)
+    ds = add_text_context(plain, cfg, period, seed=3)
+    v = cfg.vocab
+    ids, old = np.array(ds["input_ids"]), np.array(plain["input_ids"])
+    assert ids.shape == (old.shape[0], old.shape[1] + n)
+    assert (ids[:, 0] == v.bos).all() and np.array_equal(ids[:, 1 + n:], old[:, 1:])
+    text = ids[:, 1:1 + n] - v.byte_start
+    assert ((text >= ord("A")) & (text <= ord("Z"))).all()  # held-out bytes only
+    assert all(bytes(row.tolist()) in tail for row in text)  # contiguous windows of the text
+    cluster = np.array(ds["cluster"])
+    for c in np.unique(cluster):  # one text per cluster: its prompts still differ only in placement
+        assert (text[cluster == c] == text[cluster == c][0]).all()
+    assert len({bytes(row.tolist()) for row in text}) > 1
+    target, query = np.array(ds["target_pos"]), np.array(ds["query_pos"])
+    assert np.array_equal(target, np.array(plain["target_pos"]) + n) and (query == ids.shape[1] - 1).all()
+    rows = np.arange(len(ids))
+    assert np.array_equal(ids[rows, target], ids[:, -1])  # the target key sits at its new position
+    residue = np.array(ds["residue"])
+    assert np.array_equal(residue, target % period)
+    # Each new residue group is one whole plain group moved by n: the same size, mean + n, the same variance.
+    old_target, old_residue = np.array(plain["target_pos"]), np.array(plain["residue"])
+    for r in range(period):
+        moved = old_target[old_residue == (r - n) % period] + n
+        assert np.array_equal(np.sort(target[residue == r]), np.sort(moved)) and moved.size == 24

@@ -12,6 +12,10 @@ which is how a validation LM loss picks them out. The records still start at a u
 Held-out text: files are ranked by a hash of their relative path and the first ``val_fraction`` of them (at least
 one) are validation text, whatever the seed; a single-file corpus holds out its last ``val_fraction`` of bytes.
 Default corpus: the top-level ``.py`` files of the running Python's standard library (present on every machine).
+
+Evaluation with text (``add_text_context``): the phase-controlled prompts (phase_eval.py) with ``text_before`` bytes
+of held-out text after their BOS, as in training; every position shifts by the same amount, so residue groups keep
+their matched moments (they are renumbered, not re-drawn).
 """
 from __future__ import annotations
 
@@ -139,3 +143,25 @@ def _build(cfg: LMMixConfig, split: str, seed: int) -> dict[str, np.ndarray]:
     start = shift + block_ids.shape[1]
     labels[:, start:-1] = after[:, 1:]
     return {"input_ids": ids, "labels": labels}
+
+
+def add_text_context(dataset: Dataset, cfg: LMMixConfig, period: int, seed: int = 0) -> Dataset:
+    """Phase-controlled prompts (``make_phase_eval`` columns) shaped like LM-mix training: ``cfg.text_before`` bytes
+    of held-out (val split) text inserted after BOS, one text window per cluster (a cluster still differs only in
+    placement). ``target_pos`` and ``query_pos`` move by ``text_before`` and ``residue`` is recomputed mod ``period``:
+    a constant shift maps each residue group onto another one whole, so the groups' position moments stay matched."""
+    check(isinstance(period, int) and period >= 1, "period", period, "must be an integer >= 1")
+    cols = {k: np.asarray(v) for k, v in dataset.with_format("numpy")[:].items()}
+    n = cfg.text_before
+    text = split_text(cfg, "val")
+    clusters = cols["cluster"]
+    num_clusters = int(clusters.max()) + 1
+    rng = np.random.default_rng([seed, 2])  # a stream of its own, apart from the prompts'
+    starts = rng.integers(0, text.size - n + 1, num_clusters)
+    windows = cfg.vocab.byte_token(text[starts[:, None] + np.arange(n)].astype(np.int32))  # [clusters, n]
+    ids = cols["input_ids"]
+    cols["input_ids"] = np.concatenate([ids[:, :1], windows[clusters], ids[:, 1:]], axis=1).astype(ids.dtype)
+    cols["target_pos"] = cols["target_pos"] + n
+    cols["query_pos"] = cols["query_pos"] + n
+    cols["residue"] = cols["target_pos"] % period
+    return arrays_to_dataset(cols)
