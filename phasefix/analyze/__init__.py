@@ -98,7 +98,7 @@ class RunContext:
     config: object  # ModelConfig
     hparams: dict
     period: int
-    task_kwargs: dict
+    data_cfg: object  # the training data config (RetrievalConfig or LMMixConfig): the task evaluated
     eval_seed: int
     output_dir: Path | None
     run_id: str | None
@@ -147,15 +147,15 @@ def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> 
         eval_seed = int(cfg.eval.seed)
     model = module.model.eval()
     return RunContext(module=module, model=model, config=model.config, hparams=hp, period=int(hp["period"]),
-                      task_kwargs=F.eval_task_kwargs(data_cfg), eval_seed=eval_seed, output_dir=out_dir,
+                      data_cfg=data_cfg, eval_seed=eval_seed, output_dir=out_dir,
                       run_id=run_id, tracking_uri=uri)
 
 
 def eval_set(ctx: RunContext, padding: str, per_residue: int, seed: int):
-    from phasefix.data import make_phase_eval
+    """The prompts `phasefix.fit` evaluates this run on (for the LM mix: with held-out text before the records)."""
+    from phasefix.fit import eval_set as fit_eval_set
 
-    return make_phase_eval("kv_lookup", padding, period=ctx.period, per_residue=per_residue, seed=seed,
-                           **ctx.task_kwargs).with_format("torch")
+    return fit_eval_set(ctx.data_cfg, padding, ctx.period, per_residue, seed)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
