@@ -172,6 +172,23 @@ def test_gate_statistics_of_a_one_hot_gate():
 
 
 # ------------------------------------------------------------------------------------------------ CLI end to end
+def test_confusions_sort_wrong_answers_by_where_the_value_stands():
+    from phasefix.analyze.confusions import classify
+    from phasefix.data.vocab import RetrievalVocab
+
+    v = RetrievalVocab(num_keys=8, num_values=8, num_filler=2)
+    k, val = v.key_token, v.value_token
+    # BOS, then records (k0 v0) (k1 v1) (k2 v2) (k3 v0) (k4 v4) at positions 1..10; demos and the query after.
+    row = np.array([v.bos, k(0), val(0), k(1), val(1), k(2), val(2), k(3), val(0), k(4), val(4),
+                    k(2), val(2), k(1)])
+    # Target k1 at position 3 (stride 4: block 0 = positions 0-3). Other values stand at 2 (block), 6 (next block),
+    # 8 and 10 (elsewhere); v0 stands at 2 and at 8: the first match, block, wins.
+    preds = np.array([val(0), val(2), val(4), v.filler_token(1), val(1)])
+    category, chance = classify(np.tile(row, (5, 1)), preds, np.full(5, 3), stride=4, num_records=5, vocab=v)
+    assert category.tolist() == [0, 1, 2, 3, 3]  # block, next, record, other, other (the target's own value)
+    np.testing.assert_allclose(chance, np.tile([0.25, 0.25, 0.5], (5, 1)))
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     from phasefix.fit import compose, fit
@@ -198,8 +215,10 @@ def test_cli_every_tool_logs_into_the_run(tiny_run, capsys):
     assert main(["gates", f"run={run_dir}/checkpoints/last.ckpt", "padding=both", *common]) == 0
     assert main(["cycle", f"run={run_dir}", "shifts=-1..1", *common]) == 0
     assert main(["period", f"run={tiny_run['run_id']}", f"tracking_uri={tiny_run['uri']}", *common]) == 0
+    assert main(["confusions", f"run={run_dir}", *common]) == 0
     out = capsys.readouterr().out
     assert "L1 kv1" in out and "pooled R^2" in out and "dominant period" in out and "static" in out
+    assert "of the wrong answers: block" in out
 
     c = MlflowClient(tracking_uri=tiny_run["uri"])
     rid = tiny_run["run_id"]
@@ -212,6 +231,7 @@ def test_cli_every_tool_logs_into_the_run(tiny_run, capsys):
     assert "analyze/gates/in_sequence/L1/value/h0/static_eff" in metrics
     assert "analyze/period/prefix/period_detected" in metrics
     assert "analyze/cycle/prefix/d1/acc_mean" in metrics
+    assert "analyze/confusions/prefix/block_share" in metrics or metrics["analyze/confusions/prefix/accuracy"] == 1
     assert len(c.get_metric_history(rid, "analyze/period/prefix/per_residue")) == 24
 
 

@@ -1,6 +1,6 @@
 """Mechanism tools (science.md §5; docs/mechanism.md): `python -m phasefix.analyze TOOL run=<run> [key=value ...]`.
 
-TOOL is one of `knockout`, `gates`, `cycle`, `period`. Every tool loads the run's checkpoint, rebuilds the
+TOOL is one of `knockout`, `gates`, `cycle`, `period`, `confusions`. Every tool loads the run's checkpoint, rebuilds the
 phase-controlled evaluation task the model was trained on (from the run's `config.yaml`), prints a table and logs
 metrics `analyze/<tool>/<padding>/...` and a figure `analyze/<tool>.png` (`analyze/<tool>-<padding>.png` for
 paddings other than prefix) into the same MLflow run.
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from phasefix.errors import ConfigError, check
 
-TOOLS = ("knockout", "gates", "cycle", "period")
+TOOLS = ("knockout", "gates", "cycle", "period", "confusions")
 
 # key -> (default, parser, help). `None` defaults are filled from the run (eval seed) or left unset.
 OPTIONS: dict[str, tuple] = {

@@ -1,6 +1,6 @@
 """`python -m phasefix.analyze TOOL run=<MLflow run id | run output dir | .ckpt> [key=value ...]`
 
-Tools (science.md §5, docs/mechanism.md): knockout, gates, cycle, period. Options (key=value):
+Tools (science.md §5, docs/mechanism.md): knockout, gates, cycle, period, confusions. Options (key=value):
 """
 from __future__ import annotations
 
