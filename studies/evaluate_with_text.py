@@ -9,7 +9,9 @@ the report (`phasefix.report runs=...`) groups them by configuration over seeds.
 reproduces a run's own final metrics exactly (checked on lm_mix_w4s4-baseline-s0: 0.817 / 0.864).
 """
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, also when not pip-installed
 from phasefix import tracking
 from phasefix.evaluate import evaluate
 from phasefix.report import report
