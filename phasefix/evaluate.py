@@ -200,11 +200,10 @@ class Target:
     """What is evaluated: kind 'hf' (model + tokenizer) or 'phasefix' (module.model + its training task)."""
 
     def __init__(self, kind: str, model, name: str, source: str, *, tokenizer=None, period: int = 24,
-                 stride: int | None = None, task_kwargs: dict | None = None, tags: dict | None = None,
-                 data_cfg=None):
+                 stride: int | None = None, tags: dict | None = None, data_cfg=None):
         self.kind, self.model, self.name, self.source, self.tokenizer = kind, model, name, source, tokenizer
-        self.data_cfg = data_cfg  # phasefix: the training data config (the LM mix adds text to the prompts)
-        self.period, self.stride, self.task_kwargs, self.tags = period, stride, task_kwargs or {}, tags or {}
+        self.data_cfg = data_cfg  # phasefix: the training data config (its task sizes; the LM mix adds text)
+        self.period, self.stride, self.tags = period, stride, tags or {}
 
 
 def load_target(spec: str, *, tracking_uri: str | None = None, device: str | None = None,
@@ -236,7 +235,7 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
     from omegaconf import OmegaConf
 
     from phasefix import tracking
-    from phasefix.fit import RUN_FILE, data_config, eval_task_kwargs, load_checkpoint, resolve_checkpoint
+    from phasefix.fit import RUN_FILE, data_config, load_checkpoint, resolve_checkpoint
 
     looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
     check(Path(spec).expanduser().exists() or not looks_like_path, "model", spec,
@@ -260,8 +259,7 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
         tags["phasefix.source_run"] = tracking.read_json(run_dir / RUN_FILE).get("mlflow_run_id", "")
     stride = module.model_config.stride if module.model_config.compressed else None
     return Target("phasefix", module.model.to(device).eval(), str(m.get("name")), str(ckpt),
-                  period=int(hp.get("period", 24)), stride=stride, task_kwargs=eval_task_kwargs(data_cfg), tags=tags,
-                  data_cfg=data_cfg)
+                  period=int(hp.get("period", 24)), stride=stride, tags=tags, data_cfg=data_cfg)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -346,7 +344,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
 
         return {"flip": FlipProbe(target.tokenizer, period=period, lengths=opts["lengths"], start=opts["start"])}
     check(opts["lengths"] is None, "lengths", opts["lengths"], "applies to task='flip' only")
-    from phasefix.data.lm_mix import LMMixConfig, add_text_context
+    from phasefix.data.lm_mix import LMMixConfig
 
     is_lm_mix = isinstance(target.data_cfg, LMMixConfig)
     check(opts["text"] is None or is_lm_mix, "text", opts["text"],
@@ -362,23 +360,23 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
             print(f"warning: prompts of {first.length} tokens exceed the model's max_position_embeddings={limit}",
                   file=sys.stderr)
         return {"sets": sets}
-    from phasefix.data import make_phase_eval
     from phasefix.data.phase_eval import TASK_DEFAULTS
+    from phasefix.fit import eval_set, eval_task_kwargs
 
     for key in ("max_length", "num_filler"):
         check(key not in task_opts, key, task_opts.get(key), "applies to Hugging Face models only (a phasefix "
               "checkpoint's filler vocabulary and length follow its training task)")
-    kw = dict(target.task_kwargs)
+    kw = eval_task_kwargs(target.data_cfg)
     if task == "needle":  # the trained vocabulary, the needle's own sizes
         kw = {k: kw[k] for k in ("num_keys", "num_values", "num_filler")}
         kw["num_demos"] = TASK_DEFAULTS["needle"]["num_demos"]
     kw.update(task_opts)
-    sets = {pad: make_phase_eval(task, pad, period=period, per_residue=opts["per_residue"], seed=opts["seed"], **kw)
-            for pad in opts["padding"]}
-    if is_lm_mix and opts["text"] is not False:
-        sets = {pad: add_text_context(ds, target.data_cfg, period, opts["seed"]) for pad, ds in sets.items()}
+    text = opts["text"] is not False
+    sets = {pad: eval_set(target.data_cfg, pad, period, opts["per_residue"], opts["seed"], task=task, task_kwargs=kw,
+                          text=text) for pad in opts["padding"]}
+    if is_lm_mix and text:
         kw = {**kw, "text_before": target.data_cfg.text_before}
-    return {"sets": {pad: ds.with_format("torch") for pad, ds in sets.items()}, "synthetic_kwargs": kw}
+    return {"sets": sets, "synthetic_kwargs": kw}
 
 
 def _plain(v):

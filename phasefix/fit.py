@@ -138,15 +138,17 @@ def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> floa
     return total / max(count, 1)
 
 
-def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, text_context: bool = True):
-    """The phase-controlled prompts (torch format) for the task the model was trained on; for the LM mix with
-    held-out text before the records, as in training (text_context=False: the plain protocol prompts)."""
+def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *, task: str = "kv_lookup",
+             task_kwargs: dict | None = None, text: bool = True):
+    """The phase-controlled prompts (torch format) for the task the model was trained on (`task_kwargs`: default
+    `eval_task_kwargs(data_cfg)`); for the LM mix with held-out text before the records, as in training
+    (text=False: the plain protocol prompts)."""
     from phasefix.data import make_phase_eval
     from phasefix.data.lm_mix import LMMixConfig, add_text_context
 
-    ds = make_phase_eval("kv_lookup", padding, period=period, per_residue=per_residue, seed=seed,
-                         **eval_task_kwargs(data_cfg))
-    if text_context and isinstance(data_cfg, LMMixConfig):
+    kw = eval_task_kwargs(data_cfg) if task_kwargs is None else task_kwargs
+    ds = make_phase_eval(task, padding, period=period, per_residue=per_residue, seed=seed, **kw)
+    if text and isinstance(data_cfg, LMMixConfig):
         ds = add_text_context(ds, data_cfg, period, seed)
     return ds.with_format("torch")
 

@@ -161,27 +161,30 @@ def eval_set(ctx: RunContext, padding: str, per_residue: int, seed: int):
 # ------------------------------------------------------------------------------------------------ evaluation
 @dataclasses.dataclass
 class Outcome:
-    """Per-prompt results of one evaluation: correct [n] bool, residue [n], cluster [n] (numpy)."""
+    """Per-prompt results of one evaluation: correct [n] bool, residue [n], cluster [n], pred [n] (the top-1 token)
+    (numpy)."""
 
     correct: np.ndarray
     residue: np.ndarray
     cluster: np.ndarray
+    pred: np.ndarray | None = None  # predict_correct fills it (the knockout pass does not need it)
 
 
 @torch.no_grad()
 def predict_correct(model, dataset, batch_size: int = 128) -> Outcome:
     """Top-1 correctness at `query_pos` of every prompt, in dataset order."""
     device = next(model.parameters()).device
-    correct, residue, cluster = [], [], []
+    correct, residue, cluster, preds = [], [], [], []
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         logits = model(batch["input_ids"].to(device))
         rows = torch.arange(logits.shape[0], device=device)
         pred = logits[rows, batch["query_pos"].to(device)].argmax(-1).cpu()
+        preds.append(pred.numpy())
         correct.append((pred == batch["answer"]).numpy())
         residue.append(batch["residue"].numpy())
         cluster.append(batch["cluster"].numpy())
     return Outcome(np.concatenate(correct), np.concatenate(residue).astype(np.int64),
-                   np.concatenate(cluster).astype(np.int64))
+                   np.concatenate(cluster).astype(np.int64), np.concatenate(preds))
 
 
 def accuracy_by(correct: np.ndarray, groups: np.ndarray, n: int) -> np.ndarray:

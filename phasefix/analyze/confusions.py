@@ -14,10 +14,8 @@ the wrong answer were a uniformly drawn other record's value. Shares are reporte
 from __future__ import annotations
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader
 
-from phasefix.analyze import RunContext, eval_set, fmt, log_results
+from phasefix.analyze import RunContext, eval_set, fmt, log_results, predict_correct
 
 CATEGORIES = ("block", "next", "record", "other")
 
@@ -41,29 +39,19 @@ def classify(ids: np.ndarray, pred: np.ndarray, target_pos: np.ndarray, stride: 
     return category, chance
 
 
-@torch.no_grad()
-def predictions(model, dataset, batch_size: int = 128) -> dict[str, np.ndarray]:
-    device = next(model.parameters()).device
-    out = {k: [] for k in ("input_ids", "pred", "answer", "target_pos")}
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        logits = model(batch["input_ids"].to(device))
-        rows = torch.arange(logits.shape[0], device=device)
-        out["pred"].append(logits[rows, batch["query_pos"].to(device)].argmax(-1).cpu().numpy())
-        for k in ("input_ids", "answer", "target_pos"):
-            out[k].append(batch[k].numpy())
-    return {k: np.concatenate(v) for k, v in out.items()}
-
-
 def run(ctx: RunContext, opts: dict) -> dict:
     seed = ctx.eval_seed if opts["seed"] is None else opts["seed"]
     S, vocab, R = ctx.stride, ctx.data_cfg.vocab, ctx.data_cfg.num_records
     results = {}
     for pad in ctx.paddings(opts["padding"]):
         ds = eval_set(ctx, pad, opts["per_residue"], seed)
-        p = predictions(ctx.model, ds, opts["batch_size"])
-        wrong = p["pred"] != p["answer"]
-        category, chance = classify(p["input_ids"][wrong], p["pred"][wrong], p["target_pos"][wrong], S, R, vocab)
-        phase = p["target_pos"] % S
+        out = predict_correct(ctx.model, ds, opts["batch_size"])
+        wrong = ~out.correct
+        cols = ds.with_format("numpy")[:]
+        target_pos = np.asarray(cols["target_pos"])
+        category, chance = classify(np.asarray(cols["input_ids"])[wrong], out.pred[wrong], target_pos[wrong], S, R,
+                                    vocab)
+        phase = target_pos % S
         share = {c: np.full(S, np.nan) for c in CATEGORIES}
         for r in range(S):
             at = phase[wrong] == r
@@ -88,4 +76,4 @@ def run(ctx: RunContext, opts: dict) -> dict:
     return results
 
 
-__all__ = ["CATEGORIES", "classify", "predictions", "run"]
+__all__ = ["CATEGORIES", "classify", "run"]
