@@ -62,15 +62,51 @@ UNIFORM = torch.full((4,), 0.25)
 # ------------------------------------------------------------------------------------------------ losses by hand
 def test_gate_diversity_soft_by_hand():
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    soft = dict(mode="soft")
     # the heads together cover every slot: mean is uniform -> 0
-    assert term("gate_diversity", cfg, gates_from([[[.5, .5, 0, 0], [0, 0, .5, .5]]])) == pytest.approx(0, abs=1e-6)
+    assert term("gate_diversity", cfg, gates_from([[[.5, .5, 0, 0], [0, 0, .5, .5]]]), **soft) == \
+        pytest.approx(0, abs=1e-6)
     # disjoint one-hot heads cover 2 of 4 slots: 1 - log 2 / log 4 = 0.5
-    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 2]]])) == pytest.approx(0.5, abs=1e-6)
+    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 2]]]), **soft) == pytest.approx(0.5, abs=1e-6)
     # collided on slot 0: 1
-    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 0]]])) == pytest.approx(1.0, abs=1e-6)
+    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 0]]]), **soft) == pytest.approx(1.0, abs=1e-6)
     cfg4 = ModelConfig(window=4, stride=4, num_kv_heads=4, num_heads=4, num_layers=1)
-    assert term("gate_diversity", cfg4, gates_from([ONE_HOT])) == pytest.approx(0, abs=1e-6)
-    assert term("gate_diversity", cfg4, gates_from([ONE_HOT[[0, 1, 1, 0]]])) == pytest.approx(0.5, abs=1e-6)
+    assert term("gate_diversity", cfg4, gates_from([ONE_HOT]), **soft) == pytest.approx(0, abs=1e-6)
+    assert term("gate_diversity", cfg4, gates_from([ONE_HOT[[0, 1, 1, 0]]]), **soft) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_gate_diversity_per_head_by_hand():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    assert term("gate_diversity", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0, abs=1e-6)
+    assert term("gate_diversity", cfg, gates_from([ONE_HOT[[0, 0]]])) == pytest.approx(1.0, abs=1e-6)
+    # per head, not the union: heads on disjoint halves, or one-hot on distinct slots, still pay
+    halves = [[.5, .5, 0, 0], [0, 0, .5, .5]]
+    assert term("gate_diversity", cfg, gates_from([halves])) == pytest.approx(1 - math.log(2) / math.log(4))
+    assert term("gate_diversity", cfg, gates_from([halves]), mode="soft") == pytest.approx(0, abs=1e-6)
+    cfg4 = ModelConfig(window=4, stride=4, num_kv_heads=4, num_heads=4, num_layers=1)
+    assert term("gate_diversity", cfg4, gates_from([ONE_HOT])) == pytest.approx(1.0, abs=1e-6)
+    assert term("gate_diversity", cfg4, gates_from([ONE_HOT]), mode="soft") == pytest.approx(0, abs=1e-6)
+    cfg2 = ModelConfig(window=2, stride=2, num_kv_heads=2, num_layers=1)  # two heads collapsed on the two slots
+    assert term("gate_diversity", cfg2, gates_from([torch.eye(2)])) == pytest.approx(1.0, abs=1e-6)
+    assert term("gate_diversity", cfg2, gates_from([torch.eye(2)]), mode="soft") == pytest.approx(0, abs=1e-6)
+    # a mean over every (layer, head): one uniform head and one on [.5, .5, 0, 0] -> (0 + 0.5) / 2
+    assert term("gate_diversity", cfg, gates_from([[UNIFORM.tolist(), halves[0]]])) == pytest.approx(0.25)
+    cfg_l2 = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
+    assert term("gate_diversity", cfg_l2, gates_from([ONE_HOT[[0, 1]], torch.stack([UNIFORM, UNIFORM])])) == \
+        pytest.approx(0.5)
+
+
+def test_gate_diversity_per_head_includes_the_value_branch():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    gates = gates_from([torch.stack([UNIFORM, UNIFORM])])
+    gates[0]["value"] = gates_from([ONE_HOT[[1, 2]]])[0]["key"]  # uniform keys, collapsed values
+    (m,) = build_mitigations({"gate_diversity": None})
+    assert m.mode == "per_head" and m.branch == "both" and m.weight == 1.0
+    assert term("gate_diversity", cfg, gates) == pytest.approx(0.5)  # (0 + 0 + 1 + 1) / 4
+    assert term("gate_diversity", cfg, gates, branch="key") == pytest.approx(0, abs=1e-6)
+    assert term("gate_diversity", cfg, gates, branch="value") == pytest.approx(1.0)
+    assert build_mitigations({"gate_diversity": {"mode": "soft"}})[0].branch == "key"  # soft, hard: key as before
+    assert build_mitigations({"gate_diversity": {"mode": "hard"}})[0].branch == "key"
 
 
 def test_head_coord_by_hand():

@@ -76,13 +76,14 @@ class Mitigation:
         if cfg.window < 2:
             raise ConfigError(f"mitigation={self.name} is invalid with model.window={cfg.window}: a one-slot window "
                               "has nothing to spread")
-        if self.options.get("branch") == "value" and cfg.tied_kv:
+        if getattr(self, "branch", None) == "value" and cfg.tied_kv:
             raise ConfigError(f"mitigation.{self.name}.branch='value' is invalid with model.tied_kv=true: tied "
                               "K/V has no value gate; use branch='key'")
 
     def branches(self, available) -> list[str]:
         """The gate branches this mitigation acts on, among those the model has."""
-        want = ("key", "value") if self.options.get("branch") == "both" else (self.options.get("branch", "key"),)
+        branch = getattr(self, "branch", None) or "key"  # resolved by validate() where the default depends on a mode
+        want = ("key", "value") if branch == "both" else (branch,)
         return [b for b in want if b in available]
 
     # ---- hooks the loop calls ----

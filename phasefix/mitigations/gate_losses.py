@@ -11,13 +11,13 @@ import math
 import torch
 
 from phasefix.errors import ConfigError
-from phasefix.mitigations.base import Mitigation, unwrap
+from phasefix.mitigations.base import BRANCHES, Mitigation, unwrap
 from phasefix.mitigations.gates import entropy, slot_phases, static_gate_distribution
 from phasefix.model.config import ModelConfig
 
 HARD_MASK = 1e9  # logit penalty of a slot outside a head's assignment (exp(-1e9) is exactly 0 in float32)
 LAYOUTS = ("block", "interleaved")
-MODES = ("soft", "hard")
+MODES = ("per_head", "soft", "hard")
 
 
 class GateMitigation(Mitigation):
@@ -66,30 +66,42 @@ def slot_assignment(window: int, num_kv_heads: int, layout: str = "block") -> to
 
 
 class GateDiversity(GateMitigation):
-    """The heads of a layer together cover every slot.
+    """Gate diversity: no head settles on a fixed slot (per_head), the heads together cover every slot (soft), or
+    the heads cannot collapse at all (hard).
 
+    per_head (default): D = mean over layers l, branches and KV heads h of KL(P_{l,h} || uniform) / log W
+    = 1 - H(P_{l,h}) / log W: 0 when every head's static distribution is uniform, 1 when a head reads one slot for
+    every input. A statically uniform head can still be one-hot in every window: it must route by content instead
+    of by slot, so no phase is left to nobody.
     soft: D = 1 - H(m)/log W with m = mean_h P_h, the layer's mean static gate distribution (0 when the heads
-    together spread evenly over the slots, 1 when they all sit on one slot).
+    together spread evenly over the slots, 1 when they all sit on one slot). It binds only the union: two heads
+    each collapsed on half the slots pay nothing.
     hard: fixed slot priors give each KV head its own slots (`slot_assignment`), so no learned parameter can move
     two heads onto the same slot; the value gate's assignment is the key's shifted by `value_shift` slots (the
     theory's value-on-the-next-slot). `strength: null` masks the other slots (a hard constraint); a number makes
     it a fixed anchor of that many logits that learned gates could overcome. `freeze_bias` also zeroes and
     freezes the learned per-slot bias b_i of the chosen branches, so static preferences come only from the
     data-dependent term Z_i h.
+    `branch: null` means both for per_head (a head collapsed on its value slot is as uncovered as on its key slot)
+    and key for soft and hard (their behaviour before per_head existed).
     """
 
     name = "gate_diversity"
-    defaults = {"mode": "soft", "branch": "key", "weight": 0.1, "layout": "block", "strength": None,
+    defaults = {"mode": "per_head", "branch": None, "weight": 1.0, "layout": "block", "strength": None,
                 "value_shift": 1, "freeze_bias": False}
 
     def validate(self):
-        super().validate()
+        self.check_number("weight", minimum=0.0)
         self.check_choice("mode", MODES)
+        self.check(self.branch is None or self.branch in BRANCHES, "branch",
+                   "allowed values are null (both for per_head, key otherwise), 'key', 'value', 'both'")
+        if self.branch is None:
+            self.branch = "both" if self.mode == "per_head" else "key"
         self.check_choice("layout", LAYOUTS)
         self.check_number("strength", minimum=0.0, nullable=True)
         self.check_number("value_shift", integer=True)
         self.check(isinstance(self.freeze_bias, bool), "freeze_bias", "must be true or false")
-        self.needs_gates = self.mode == "soft"
+        self.needs_gates = self.mode != "hard"
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
@@ -130,6 +142,9 @@ class GateDiversity(GateMitigation):
         return super().loss(model, gates)
 
     def term(self, config, statics):
+        if self.mode == "per_head":  # every (layer, branch, head) counts once: [HKV] deficits per layer and branch
+            return torch.cat([1.0 - entropy(P) / math.log(P.shape[1]) for _, _, P in statics]).mean() \
+                if statics else torch.zeros(())
         return _mean([1.0 - entropy(P.mean(0)) / math.log(P.shape[1]) for _, _, P in statics])
 
 
