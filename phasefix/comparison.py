@@ -1,0 +1,172 @@
+"""The decisive comparison (docs/results.md): regimes x arms x seeds, judged on runs that learned.
+
+Runs carry two MLflow tags, `regime` (e.g. `w4s4`, `coverage_w8s8`) and `arm` (`baseline` = unmitigated, a
+mitigation, a model option); `phasefix.report` turns the rows of `report.collect` into one table row per
+(regime, arm, padding) and two figures (`phasefix.plots`):
+
+- **learned**: a run learned the lookup when its prefix-padding mean is at least `LEARNED_FACTOR` x chance
+  (chance = 1 / data.num_values for the key-value lookup). Aggregates (mean, worst, ...) are over the learned seeds
+  only; a regime whose baseline learns in no seed has no goal to meet and says so.
+- **goal met** (per learned seed): worst >= 0.9 x mean AND mean >= the unmitigated mean of the same regime and
+  padding (the mean over its learned seeds).
+- **worst excl. boundary**: the worst residue among those whose phase is not the grid's boundary phase S-1 (W = S,
+  no offsets: where no single entry can bind a key to the next token's value).
+- cost columns: compressor multiply-adds per token and cache entries per token, from the run's model config.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+LEARNED_FACTOR = 5.0
+GOAL_RATIO = 0.9  # worst >= GOAL_RATIO x mean
+BASELINE_ARM = "baseline"
+COLUMNS = ("regime", "arm", "padding", "seeds", "learned", "acc_mean", "acc_mean_sd", "acc_worst", "acc_worst_sd",
+           "worst_excl_boundary", "acc_gap", "period", "goal_met", "train_seconds", "compressor_flops_per_token",
+           "cache_entries_per_token", "lm_loss", "lm_loss_change", "run_ids")
+
+
+def _num(x) -> float:
+    try:
+        return float(x) if x not in (None, "") else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def model_config(params: Mapping[str, str]):
+    """The run's ModelConfig from its logged `model.*` params (strings; YAML gives them back their types)."""
+    import yaml
+
+    from phasefix.model.config import ModelConfig
+
+    d = {k[len("model."):]: yaml.safe_load(v) for k, v in params.items() if k.startswith("model.")}
+    return ModelConfig.from_dict(d)
+
+
+def chance(params: Mapping[str, str]) -> float:
+    """Chance accuracy of the lookup: one of data.num_values values."""
+    n = _num(params.get("data.num_values"))
+    return 1.0 / n if n > 0 else math.nan
+
+
+def learned(prefix_mean: float, params: Mapping[str, str]) -> bool:
+    return prefix_mean >= LEARNED_FACTOR * chance(params)
+
+
+def boundary_residues(period: int, stride: int) -> list[int]:
+    """Residues (mod `period`) at the boundary phase S-1 of the default grid."""
+    return [r for r in range(period) if r % stride == stride - 1]
+
+
+def worst_excluding_boundary(curve: Sequence[float], stride: int) -> float:
+    skip = set(boundary_residues(len(curve), stride))
+    vals = [a for r, a in enumerate(curve) if r not in skip and not math.isnan(a)]
+    return min(vals) if vals else math.nan
+
+
+def run_facts(run) -> dict:
+    """What the comparison needs from one MLflow run beyond `report.collect`'s row: regime, arm, learned, costs."""
+    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm", ""),
+             "learned": learned(metrics.get("final/prefix/acc_mean", math.nan), params),
+             "compressor_flops_per_token": math.nan, "cache_entries_per_token": math.nan}
+    try:
+        cfg = model_config(params)
+    except Exception:  # an evaluate run of a foreign model has no model.* params
+        return facts
+    facts["stride"] = cfg.stride
+    if cfg.compressed:
+        facts["compressor_flops_per_token"] = cfg.compressor_flops_per_token()
+        facts["cache_entries_per_token"] = cfg.cache_entries_per_token()
+    return facts
+
+
+def _mean_sd(vals: Sequence[float]) -> tuple[float, float]:
+    vals = [v for v in vals if not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else math.nan)
+
+
+def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping]) -> list[dict]:
+    """One row per (regime, arm, padding) of the runs tagged with a regime; `rows`, `curves` from report.collect,
+    `facts` {run_id: run_facts(run)}. Baseline rows come first in each regime."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        f = facts.get(r["run_id"], {})
+        if not f.get("regime"):
+            continue
+        stride = f.get("stride") or int(_num(r.get("stride")) or 1)
+        curve = curves.get((r["run_id"], r["padding"])) or []
+        groups.setdefault((f["regime"], f["arm"] or BASELINE_ARM, r["padding"]), []).append(
+            {**r, **f, "worst_excl_boundary": worst_excluding_boundary(curve, stride) if curve else math.nan})
+    base_mean = {}
+    for (regime, arm, pad), members in groups.items():
+        if arm == BASELINE_ARM:
+            base_mean[(regime, pad)] = _mean_sd([m["acc_mean"] for m in members if m["learned"]])[0]
+            base_mean[(regime, pad, "lm")] = _mean_sd([_num(m.get("lm_loss")) for m in members])[0]
+    out = []
+    order = sorted(groups, key=lambda k: (k[0], k[1] != BASELINE_ARM, k[1], k[2]))
+    for regime, arm, pad in order:
+        members = groups[(regime, arm, pad)]
+        ok = [m for m in members if m["learned"]]
+        bm = base_mean.get((regime, pad), math.nan)
+        row = {"regime": regime, "arm": arm, "padding": pad, "seeds": len(members), "learned": len(ok),
+               "goal_met": sum(m["acc_worst"] >= GOAL_RATIO * m["acc_mean"] and not (m["acc_mean"] < bm)
+                               for m in ok),
+               "baseline_learned": not math.isnan(bm),
+               "run_ids": " ".join(m["run_id"][:8] for m in members)}
+        for k in ("acc_mean", "acc_worst", "worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
+            row[k], row[k + "_sd"] = _mean_sd([_num(m.get(k)) for m in ok])
+        periods = [m["period_detected"] for m in ok if not math.isnan(_num(m.get("period_detected")))]
+        row["period"] = statistics.mode(periods) if periods else math.nan
+        for k in ("compressor_flops_per_token", "cache_entries_per_token"):
+            row[k] = members[0].get(k, math.nan)
+        lm0 = base_mean.get((regime, pad, "lm"), math.nan)
+        row["lm_loss_change"] = (row["lm_loss"] / lm0 - 1.0) if lm0 and not math.isnan(lm0) else math.nan
+        out.append(row)
+    return out
+
+
+def best_rows(drows: Sequence[Mapping], padding: str = "prefix") -> list[dict]:
+    """Per regime: the baseline and the best other arm at the baseline's cache entries per token (most seeds meeting
+    the goal, then the highest worst residue), for the headline table of docs/results.md."""
+    out = []
+    for regime in dict.fromkeys(r["regime"] for r in drows):
+        rs = [r for r in drows if r["regime"] == regime and r["padding"] == padding]
+        base = next((r for r in rs if r["arm"] == BASELINE_ARM), None)
+        if base is None:
+            continue
+        same_cache = [r for r in rs if r["arm"] != BASELINE_ARM
+                      and math.isclose(r["cache_entries_per_token"], base["cache_entries_per_token"], rel_tol=1e-9)]
+        best = max(same_cache, key=lambda r: (r["goal_met"] / max(r["seeds"], 1),
+                                              -1 if math.isnan(r["acc_worst"]) else r["acc_worst"]), default=None)
+        out += [base] + ([best] if best else [])
+    return out
+
+
+def _pm(m: float, sd: float) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.3f}" + ("" if math.isnan(sd) else f" ± {sd:.3f}")
+
+
+def markdown(drows: Sequence[Mapping]) -> str:
+    """The table: aggregates over learned seeds; goal met counts learned seeds meeting both conditions."""
+    head = ("| regime | arm | padding | learned | mean | worst | worst excl. boundary | gap | period | goal met | "
+            "train s | compressor MACs/token | entries/token | lm_loss (change) |")
+    lines = [head, "|" + "---|" * 14]
+    for r in drows:
+        lm = "" if math.isnan(r["lm_loss"]) else (
+            f"{r['lm_loss']:.3f}" + ("" if math.isnan(r["lm_loss_change"]) else f" ({r['lm_loss_change']:+.1%})"))
+        goal = f"{r['goal_met']}/{r['seeds']}" if r["baseline_learned"] else "baseline not learned"
+        period = "" if math.isnan(_num(r["period"])) else str(int(r["period"]))
+        flops = "" if math.isnan(r["compressor_flops_per_token"]) else f"{r['compressor_flops_per_token']:,.0f}"
+        entries = "" if math.isnan(r["cache_entries_per_token"]) else f"{r['cache_entries_per_token']:.3f}"
+        lines.append(f"| {r['regime']} | {r['arm']} | {r['padding']} | {r['learned']}/{r['seeds']} | "
+                     f"{_pm(r['acc_mean'], r['acc_mean_sd'])} | {_pm(r['acc_worst'], r['acc_worst_sd'])} | "
+                     f"{_pm(r['worst_excl_boundary'], r['worst_excl_boundary_sd'])} | "
+                     f"{_pm(r['acc_gap'], r['acc_gap_sd'])} | {period} | {goal} | {_pm(r['train_seconds'], math.nan)} "
+                     f"| {flops} | {entries} | {lm} |")
+    return "\n".join(lines) + "\n"

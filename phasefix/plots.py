@@ -1,0 +1,109 @@
+"""Figures of a comparison that a reader can read: small multiples of phase curves and a worst-vs-mean scatter.
+
+Inputs are `phasefix.report.collect`'s rows and curves and `phasefix.comparison.run_facts` per run (tags `regime`
+and `arm`); nothing here talks to MLflow.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, boundary_residues  # noqa: E402
+
+
+def _arms(rows, facts) -> list[str]:
+    arms = list(dict.fromkeys(facts[r["run_id"]]["arm"] or BASELINE_ARM for r in rows))
+    return sorted(arms, key=lambda a: (a != BASELINE_ARM, a))
+
+
+def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping], padding: str = "prefix"):
+    """One panel per (regime, arm): each seed's curve faint, the mean over learned seeds bold with a min-max band,
+    dotted lines at every window start and the boundary residues (phase S-1) shaded."""
+    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")]
+    regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
+    arms = _arms(rows, facts)
+    fig, axes = plt.subplots(len(regimes), len(arms), figsize=(2.3 * len(arms) + 0.6, 1.9 * len(regimes) + 0.6),
+                             squeeze=False, sharex=True, sharey=True)
+    for i, regime in enumerate(regimes):
+        for j, arm in enumerate(arms):
+            ax = axes[i, j]
+            members = [r for r in rows if facts[r["run_id"]]["regime"] == regime
+                       and (facts[r["run_id"]]["arm"] or BASELINE_ARM) == arm]
+            seeds = [(curves.get((r["run_id"], padding)) or [], facts[r["run_id"]]["learned"]) for r in members]
+            seeds = [(c, ok) for c, ok in seeds if c]
+            if i == 0:
+                ax.set_title(arm, fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{regime}\naccuracy", fontsize=7)
+            if not seeds:
+                ax.text(0.5, 0.5, "no runs", ha="center", va="center", fontsize=7, color="grey",
+                        transform=ax.transAxes)
+                continue
+            n = len(seeds[0][0])
+            stride = facts[members[0]["run_id"]].get("stride") or int(members[0]["stride"] or n)
+            for r0 in boundary_residues(n, stride):
+                ax.axvspan(r0 - 0.5, r0 + 0.5, color="tab:red", alpha=0.08, lw=0)
+            for x in range(0, n + 1, stride):
+                ax.axvline(x - 0.5, color="grey", lw=0.4, ls=":")
+            for c, ok in seeds:
+                ax.plot(range(len(c)), c, color="tab:blue" if ok else "tab:grey", lw=0.6, alpha=0.35,
+                        ls="-" if ok else "--")
+            learned = [c for c, ok in seeds if ok and len(c) == n]
+            if learned:
+                mean = [sum(v) / len(v) for v in zip(*learned)]
+                lo, hi = [min(v) for v in zip(*learned)], [max(v) for v in zip(*learned)]
+                ax.fill_between(range(n), lo, hi, color="tab:blue", alpha=0.15, lw=0)
+                ax.plot(range(n), mean, color="tab:blue", lw=1.4)
+            ax.text(0.98, 0.04, f"{len(learned)}/{len(seeds)} learned", ha="right", va="bottom", fontsize=6,
+                    transform=ax.transAxes)
+            ax.set_ylim(-0.03, 1.03)
+            ax.tick_params(labelsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("residue of the target key", fontsize=7)
+    handles = [plt.Line2D([], [], color="tab:blue", lw=1.4, label="mean over learned seeds"),
+               plt.matplotlib.patches.Patch(color="tab:blue", alpha=0.15, label="min-max over learned seeds"),
+               plt.Line2D([], [], color="tab:blue", lw=0.6, alpha=0.5, label="one seed"),
+               plt.Line2D([], [], color="tab:grey", lw=0.6, ls="--", label="one seed, not learned"),
+               plt.matplotlib.patches.Patch(color="tab:red", alpha=0.15, label="boundary phase S-1"),
+               plt.Line2D([], [], color="grey", lw=0.6, ls=":", label="window start")]
+    fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=7, frameon=False, bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(f"{padding} padding", fontsize=9, y=0.955)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+def worst_vs_mean(rows: Sequence[Mapping], facts: Mapping[str, Mapping], padding: str = "prefix"):
+    """Every run as a point (worst residue against mean), coloured by arm, one marker per regime, with the goal
+    line worst = 0.9 x mean; runs that did not learn are hollow."""
+    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")]
+    arms = _arms(rows, facts)
+    regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
+    markers = "osD^v<>PX*"
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ax.plot([0, 1], [0, GOAL_RATIO], color="black", lw=0.8, ls="--", label=f"goal: worst = {GOAL_RATIO} x mean")
+    for r in rows:
+        f = facts[r["run_id"]]
+        color = f"C{arms.index(f['arm'] or BASELINE_ARM) % 10}"
+        marker = markers[regimes.index(f["regime"]) % len(markers)]
+        if math.isnan(r["acc_mean"]):
+            continue
+        ax.scatter(r["acc_mean"], r["acc_worst"], s=28, marker=marker, edgecolors=color,
+                   facecolors=color if f["learned"] else "none", alpha=0.8, lw=1)
+    arm_handles = [plt.Line2D([], [], ls="", marker="o", color=f"C{i % 10}", label=a) for i, a in enumerate(arms)]
+    regime_handles = [plt.Line2D([], [], ls="", marker=markers[i % len(markers)], color="grey", label=g)
+                      for i, g in enumerate(regimes)]
+    goal = ax.get_legend_handles_labels()[0]
+    ax.legend(handles=goal + arm_handles + regime_handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              fontsize=7, frameon=False, title="hollow: not learned", title_fontsize=7)
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("mean accuracy over residues")
+    ax.set_ylabel("worst-residue accuracy")
+    ax.set_title(f"worst against mean, one point per run ({padding} padding)", fontsize=9)
+    fig.tight_layout()
+    return fig
