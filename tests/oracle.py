@@ -10,7 +10,11 @@ windows and slots and its own attention loop over queries and heads, straight fr
   K_j = sum_i a_{j,i} C_i h_{j,i}, values with their own gate and payload unless tied;
 - entry j is visible to the query at t iff j < floor((t+1+d)/S), i.e. iff its window has ended at or before t;
 - raw keys of query t: the tokens (t-L, t] ("window") or the tokens after the last visible window ("tail");
-- compressed keys get RoPE at position jS-d; one softmax over raw keys, visible entries and the sink logit.
+- compressed keys get RoPE at position jS-d; one softmax over raw keys, visible entries and the sink logit;
+- token shift K: the compressor reads h'_t = sum_k w_k h_{t-K+1+k} (zeros before position 0) instead of h_t;
+- head offsets: KV head g has its own grid, offset layer + head offset (not reduced mod S here: the windows are
+  enumerated by their last token e = S-1-d (mod S), e >= 0, so offsets d and d+S give the same windows by
+  construction); everything above (windows, visibility, tail, entry RoPE position e+1-S = jS-d) is per head.
 """
 from __future__ import annotations
 
@@ -47,12 +51,27 @@ def rope(x: torch.Tensor, pos: int, width: int, theta: float) -> torch.Tensor:
     return out
 
 
-def _pool(cfg, P: dict, branch: str, h: torch.Tensor, j: int, d: int, k_norm_w, post_norm_applies: bool):
-    """Entry j of one branch: [HKV, D], from the normed hidden states h [T, C]."""
-    W, S, HKV, D = cfg.window, cfg.stride, cfg.num_kv_heads, cfg.head_dim
+def token_shift(h: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """h'_t = sum_k w[k] * h[t-K+1+k] over the positions >= 0; h [T, C], w [K, C] (None: no shift)."""
+    if w is None:
+        return h
+    K, T = w.shape[0], h.shape[0]
+    out = torch.zeros_like(h)
+    for t in range(T):
+        for k in range(K):
+            s = t - K + 1 + k
+            if s >= 0:
+                out[t] = out[t] + w[k] * h[s]
+    return out
+
+
+def _pool(cfg, P: dict, branch: str, h: torch.Tensor, end: int, k_norm_w, post_norm_applies: bool):
+    """The entry of the window ending at token `end`, one branch: [HKV, D] (every head pooled on this window; the
+    caller keeps the heads whose grid it is), from the compressor's input h [T, C]."""
+    W, HKV, D = cfg.window, cfg.num_kv_heads, cfg.head_dim
     payloads, logits = [], []
     for i in range(W):
-        p = (j + 1) * S - W - d + i
+        p = end - W + 1 + i
         if p < 0:  # a slot before position 0: zero weight
             continue
         c = (h[p] @ P[f"{branch}_payload"][i]).view(HKV, D)
@@ -74,8 +93,9 @@ def _pool(cfg, P: dict, branch: str, h: torch.Tensor, j: int, d: int, k_norm_w, 
     return (a * torch.stack(payloads)).sum(0)
 
 
-def attention_layer(cfg, P: dict, h: torch.Tensor, d: int) -> torch.Tensor:
-    """One attention layer on the normed hidden states h [T, C] (float64) -> [T, C]."""
+def attention_layer(cfg, P: dict, h: torch.Tensor, d) -> torch.Tensor:
+    """One attention layer on the normed hidden states h [T, C] (float64) -> [T, C]; d: the grid offset, an int
+    or one per KV head."""
     T = h.shape[0]
     H, HKV, D, S, W = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.stride, cfg.window
     G = H // HKV
@@ -97,56 +117,63 @@ def attention_layer(cfg, P: dict, h: torch.Tensor, d: int) -> torch.Tensor:
             k[t][g] = rope(rmsnorm(kt[g], kn, cfg.rms_norm_eps), t, width, cfg.rope_theta)
             v[t][g] = vt[g]
 
-    # compressed entries: every window that has ended inside the sequence
-    entries_k, entries_v, ends = [], [], []
+    # compressed entries, per KV head: every window of its grid that has ended inside the sequence
+    ds = list(d) if isinstance(d, (list, tuple)) else [d] * HKV
+    entries_k = [[] for _ in range(HKV)]  # [KV head][entry] -> [D]
+    entries_v = [[] for _ in range(HKV)]
+    ends = [[] for _ in range(HKV)]
     if cfg.attention == "compressed":
-        j = 0
-        while (j + 1) * S - 1 - d <= T - 1:
-            kj = _pool(cfg, P, "key", h, j, d, kn, cfg.post_norm and kn is not None)
-            if not cfg.post_norm:
-                kj = rmsnorm(kj, kn, cfg.rms_norm_eps)
-            kj = torch.stack([rope(kj[g], j * S - d, width, cfg.rope_theta) for g in range(HKV)])
-            vj = kj if cfg.tied_kv else _pool(cfg, P, "value", h, j, d, kn, False)
-            entries_k.append(kj)
-            entries_v.append(vj)
-            ends.append((j + 1) * S - 1 - d)
-            j += 1
+        hc = token_shift(h, P.get("token_shift"))
+        for g in range(HKV):
+            end = (S - 1 - ds[g]) % S  # the first window end at or after position 0
+            while end <= T - 1:
+                kj = _pool(cfg, P, "key", hc, end, kn, cfg.post_norm and kn is not None)
+                if not cfg.post_norm:
+                    kj = rmsnorm(kj, kn, cfg.rms_norm_eps)
+                kj = rope(kj[g], end + 1 - S, width, cfg.rope_theta)
+                vj = kj if cfg.tied_kv else _pool(cfg, P, "value", hc, end, kn, False)[g]
+                entries_k[g].append(kj)
+                entries_v[g].append(vj)
+                ends[g].append(end)
+                end += S
 
     sink = P.get("sink")
     out = torch.zeros(T, H * D, dtype=h.dtype)
     for t in range(T):
-        visible = [j for j in range(len(entries_k)) if j < (t + 1 + d) // S]
-        assert all(ends[j] <= t for j in visible)  # the formula and "its window is complete" agree
-        if cfg.attention == "full":
-            raw = list(range(0, t + 1))
-        elif cfg.local_memory == "window":
-            raw = [s for s in range(t - cfg.local_window + 1, t + 1) if s >= 0]
-        else:  # the uncompressed tail: tokens after the end of the last visible window
-            first = ends[visible[-1]] + 1 if visible else 0
-            raw = list(range(first, t + 1))
         for hh in range(H):
             g = hh // G
+            visible = [j for j in range(len(ends[g])) if ends[g][j] <= t]  # its window is complete
+            if cfg.attention == "compressed":  # the formula, less the windows that end before position 0
+                assert len(visible) == (t + 1 + ds[g]) // S - ds[g] // S
+            if cfg.attention == "full":
+                raw = list(range(0, t + 1))
+            elif cfg.local_memory == "window":
+                raw = [s for s in range(t - cfg.local_window + 1, t + 1) if s >= 0]
+            else:  # the uncompressed tail: tokens after the end of the head's last visible window
+                first = ends[g][visible[-1]] + 1 if visible else 0
+                raw = list(range(first, t + 1))
             logits, values = [], []
             for s in raw:
-                logits.append(float(q[t][hh] @ k[s][g]) * scale)
+                logits.append((q[t][hh] @ k[s][g]) * scale)
                 values.append(v[s][g])
             for j in visible:
-                logits.append(float(q[t][hh] @ entries_k[j][g]) * scale)
-                values.append(entries_v[j][g])
+                logits.append((q[t][hh] @ entries_k[g][j]) * scale)
+                values.append(entries_v[g][j])
             if sink is not None:
-                logits.append(float(sink[hh]))
+                logits.append(sink[hh])
                 values.append(torch.zeros(D, dtype=h.dtype))
-            m = max(logits)
-            w = [math.exp(x - m) for x in logits]
-            z = sum(w)
-            out[t, hh * D:(hh + 1) * D] = sum(wi / z * vi for wi, vi in zip(w, values))
+            logits = torch.stack(logits)  # 0-d tensors all along, so the oracle is differentiable too
+            w = torch.exp(logits - logits.max().detach())
+            out[t, hh * D:(hh + 1) * D] = (w / w.sum()) @ torch.stack(values)
     return out @ P["o_proj.weight"].T
 
 
-def logits(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """Oracle logits [B, T, V] (float64) of a `CompressedQwen3` for input_ids [B, T]."""
+def logits(model, input_ids: torch.Tensor, params: dict | None = None) -> torch.Tensor:
+    """Oracle logits [B, T, V] (float64) of a `CompressedQwen3` for input_ids [B, T]. `params` {state-dict name:
+    tensor} replaces some of the model's values, e.g. float64 leaves that require grad, to differentiate the oracle."""
     cfg = model.config
     sd = {name: t.detach().to(torch.float64) for name, t in model.state_dict().items()}
+    sd.update(params or {})
     eps = cfg.rms_norm_eps
     batches = []
     for ids in input_ids:
@@ -156,6 +183,12 @@ def logits(model, input_ids: torch.Tensor) -> torch.Tensor:
             P = {n[len(pre + "attn."):].replace("compressor.", ""): t for n, t in sd.items()
                  if n.startswith(pre + "attn.")}
             d = cfg.grid_offsets[layer % len(cfg.grid_offsets)] if cfg.grid_offsets else 0
+            heads = getattr(cfg, "head_offsets", "none")
+            if heads == "spread":
+                heads = [g * cfg.stride // cfg.num_kv_heads for g in range(cfg.num_kv_heads)]
+            elif heads in ("none", None):
+                heads = [0] * cfg.num_kv_heads
+            d = [d + x for x in heads]  # not reduced mod S: see the module docstring
             x = x + attention_layer(cfg, P, rmsnorm(x, sd[pre + "input_norm.weight"], eps), d)
             h = rmsnorm(x, sd[pre + "post_attn_norm.weight"], eps)
             gate = h @ sd[pre + "mlp.gate_proj.weight"].T

@@ -166,6 +166,13 @@ ORACLE_CASES = {
     "deepseek_v4": dict(window=8, stride=4, gate="vector", tied_kv=True, rope_dims=8, attention_sink=True),
     "deepseek_v41": dict(window=2, stride=2, gate="vector", gate_bias=False, tied_kv=True, rope_dims=8,
                          attention_sink=True),
+    # bridging the boundary (issue 16): token shift
+    "token_shift_2": dict(window=4, stride=4, token_shift=2),
+    "token_shift_3_w8s4_vector_tail": dict(window=8, stride=4, token_shift=3, gate="vector", local_memory="tail"),
+    "token_shift_2_tied_post_norm": dict(window=4, stride=4, token_shift=2, tied_kv=True, post_norm=True),
+    "token_shift_1_w6s6_tail_offsets": dict(window=6, stride=6, token_shift=1, local_memory="tail",
+                                            grid_offsets=[5, 2]),
+    "token_shift_2_uniform": dict(window=4, stride=4, token_shift=2, gate="uniform"),
     # the baseline goes through the same oracle
     "full_attention": dict(attention="full"),
 }
@@ -185,6 +192,36 @@ def test_matches_float64_oracle(case):
     assert ours.dtype == torch.float64
     assert ref.abs().max() > 1.0  # logits of a healthy size: the comparison is meaningful
     assert max_diff(ours, ref) <= 1e-9, case
+
+
+BRIDGE_LONG = {  # T = 63 and several heads: 8 query heads over 4 KV heads
+    "token_shift_2_w4s4_tail": dict(window=4, stride=4, token_shift=2, local_memory="tail"),
+}
+
+
+@pytest.mark.parametrize("case", list(BRIDGE_LONG), ids=list(BRIDGE_LONG))
+def test_bridges_match_float64_oracle_values_and_gradients(case):
+    """The bridging options at T = 63 with 4 KV heads: logits, and the gradient of a random projection of the
+    logits with respect to the embeddings, the token-shift mix and the key gates, against the (differentiable)
+    oracle."""
+    model = small_model(seed=len(case), num_layers=1, num_heads=8, num_kv_heads=4, local_window=5,
+                        **BRIDGE_LONG[case])
+    ids = torch.randint(0, 32, (1, 63), generator=torch.Generator().manual_seed(8))
+    proj = torch.randn(1, 63, 32, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    names = [n for n in ("embed_tokens.weight", "layers.0.attn.compressor.token_shift",
+                         "layers.0.attn.compressor.key_gate", "layers.0.attn.compressor.value_payload")
+             if n in dict(model.named_parameters())]
+    model.zero_grad()
+    ours = model(ids)
+    (ours * proj).sum().backward()
+    params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters() if n in names}
+    ref = oracle.logits(model, ids, params)
+    assert max_diff(ours.detach(), ref.detach()) <= 1e-9
+    grads = torch.autograd.grad((ref * proj).sum(), [params[n] for n in names])
+    for n, g in zip(names, grads):
+        p = dict(model.named_parameters())[n]
+        assert g.abs().max() > 1e-6, n  # the term really contributes
+        assert max_diff(p.grad, g) <= 1e-9, n
 
 
 def test_oracle_batch_and_query_blocks():
@@ -243,6 +280,8 @@ CAUSAL_CASES = {
     "w8s6_tail": dict(window=8, stride=6, local_memory="tail"),
     "w6s6_offsets": dict(window=6, stride=6, grid_offsets=[2, 5]),
     "w4s4_uniform_tail": dict(window=4, stride=4, gate="uniform", local_memory="tail"),
+    "w4s4_shift2": dict(window=4, stride=4, token_shift=2),
+    "w8s6_shift3_tail_offsets": dict(window=8, stride=6, token_shift=3, local_memory="tail", grid_offsets=[5, 1]),
 }
 
 
@@ -321,6 +360,42 @@ def test_tail_mode_sees_the_incomplete_window_raw():
         assert change[s:].min() > 1e-6
 
 
+# ================================================================================= bridging the boundary
+def test_token_shift_starts_as_the_identity():
+    """At initialisation a token-shift model computes exactly what the same model without it does."""
+    torch.manual_seed(0)
+    shifted = CompressedQwen3(ModelConfig(**SMALL, token_shift=3)).double()
+    torch.manual_seed(0)
+    plain = CompressedQwen3(ModelConfig(**SMALL)).double()
+    mix = shifted.layers[0].attn.compressor.token_shift
+    assert mix.shape == (3, SMALL["hidden_size"]) and (mix[-1] == 1).all() and (mix[:-1] == 0).all()
+    missing = plain.load_state_dict(shifted.state_dict(), strict=False)
+    assert sorted(missing.unexpected_keys) == [f"layers.{i}.attn.compressor.token_shift" for i in range(2)]
+    ids = torch.randint(0, 32, (2, 29), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert max_diff(shifted(ids), plain(ids)) == 0.0
+
+
+@pytest.mark.parametrize("K", [0, 2, 3])
+def test_token_shift_bridges_the_boundary(K):
+    """W = S: entry j reads the previous window's last token jS-1 (the boundary phase) only with a token shift;
+    with width K it reads tokens jS-K+1 .. (j+1)S-1 and nothing else, key and value branches alike."""
+    S = 4
+    model = small_model(seed=61, window=S, stride=S, token_shift=K)
+    attn = model.layers[0].attn
+    x = torch.randn(1, 26, SMALL["hidden_size"], dtype=torch.float64, requires_grad=True)
+    k_cmp, v_cmp, _ = attn.compressor(x, attn.k_norm)  # [B, N, HKV, D]
+    for j in (1, 2, 5):
+        for out in (k_cmp, v_cmp):
+            r = torch.randn_like(out[:, j])
+            g = torch.autograd.grad((out[:, j] * r).sum(), x, retain_graph=True)[0][0].abs().amax(-1)  # [T]
+            first = j * S - max(K - 1, 0)  # the earliest token the entry reads
+            assert (g[j * S : (j + 1) * S] > 0).all()  # its own window
+            assert (g[first : j * S] > 1e-8).all() and (g[:first] == 0).all(), (K, j, g)
+            assert (g[(j + 1) * S :] == 0).all()  # causal: nothing after the window's last token
+            assert (g[j * S - 1] > 1e-8) == (K >= 2)
+
+
 # ================================================================================= configs and presets
 INVALID = {
     "window_lt_stride": (dict(window=2, stride=4), "model.window"),
@@ -337,6 +412,9 @@ INVALID = {
     "attn_impl_enum": (dict(attn_impl="cuda"), "model.attn_impl"),
     "payload_init_enum": (dict(payload_init="zeros"), "model.payload_init"),
     "grid_offset_too_large": (dict(grid_offsets=[4]), "model.grid_offsets"),
+    "token_shift_negative": (dict(token_shift=-1), "model.token_shift"),
+    "token_shift_not_int": (dict(token_shift=1.5), "model.token_shift"),
+    "token_shift_full_attention": (dict(attention="full", token_shift=2), "model.token_shift"),
 }
 
 

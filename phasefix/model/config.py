@@ -12,6 +12,7 @@ LOCAL_MEMORY = ("window", "tail")
 GATE = ("scalar", "vector", "uniform")
 PAYLOAD_INIT = ("independent", "shared", "auto")
 ATTN_IMPL = ("torch", "triton", "auto")
+HEAD_OFFSETS = ("none", "spread")  # or an explicit list [d_0, ..., d_{HKV-1}]
 
 
 @dataclass
@@ -50,6 +51,12 @@ class ModelConfig:
     rope_dims: int | None = None  # None: all head dims; 0: no RoPE; else RoPE on the last `rope_dims` dims
     attention_sink: bool = False  # a learnable per-head logit joins the softmax denominator
     grid_offsets: list[int] = field(default_factory=list)  # per-layer shift of the window grid (cycled over layers)
+    # per-KV-head shift of the grid inside a layer: none (all 0), spread (head h: floor(h S / HKV)) or a list of HKV
+    # offsets in [0, S); a head's offset in layer l is (grid_offset(l) + d_h) mod S (the grid repeats every S)
+    head_offsets: str | list[int] = "none"
+    # K: each token's compressor input also sees its K-1 predecessors (a causal depthwise convolution of width K,
+    # initialised to the identity); 0 = off. Bridges the boundary phase: slot 0 then carries token jS-1 too
+    token_shift: int = 0
     attn_impl: str = "torch"  # torch (reference), triton (kernels/), auto (triton on CUDA)
     query_block: int = 128  # queries per block in the reference path (bounds memory at long T)
 
@@ -90,9 +97,29 @@ class ModelConfig:
         check(all(isinstance(o, int) and 0 <= o < self.stride for o in offsets), "model.grid_offsets", offsets,
               f"must be a list of integers in [0, model.stride={self.stride})")
         self.grid_offsets = offsets
+        check(isinstance(self.token_shift, int) and not isinstance(self.token_shift, bool) and self.token_shift >= 0,
+              "model.token_shift", self.token_shift, "must be an integer >= 0 (0 = off, K = a causal mix of K tokens)")
+        if self.head_offsets is None:
+            self.head_offsets = "none"
+        if isinstance(self.head_offsets, (list, tuple)):
+            offsets = list(self.head_offsets)
+            check(len(offsets) == self.num_kv_heads and all(
+                isinstance(o, int) and not isinstance(o, bool) and 0 <= o < self.stride for o in offsets),
+                "model.head_offsets", offsets, f"must be 'none', 'spread' or a list of model.num_kv_heads="
+                f"{self.num_kv_heads} integers in [0, model.stride={self.stride})")
+            self.head_offsets = offsets
+        else:
+            check(self.head_offsets in HEAD_OFFSETS, "model.head_offsets", self.head_offsets,
+                  f"must be 'none', 'spread' or a list of model.num_kv_heads={self.num_kv_heads} integers in "
+                  f"[0, model.stride={self.stride})")
+        check(self.head_offsets == "none", "model.head_offsets", self.head_offsets, "not implemented yet (issue 16)")
         if self.attention == "full":
             check(not self.attention_sink, "model.attention_sink", self.attention_sink,
                   "the attention sink is only available with model.attention='compressed'")
+            check(self.token_shift == 0, "model.token_shift", self.token_shift,
+                  "the token shift is only available with model.attention='compressed'")
+            check(self.head_offsets == "none", "model.head_offsets", self.head_offsets,
+                  "head offsets are only available with model.attention='compressed'")
 
     # ---- derived ----
     @property
@@ -105,6 +132,51 @@ class ModelConfig:
 
     def grid_offset(self, layer: int) -> int:
         return self.grid_offsets[layer % len(self.grid_offsets)] if self.grid_offsets else 0
+
+    def head_grid_offsets(self, layer: int) -> list[int]:
+        """The grid offset of every KV head in a layer: (grid_offset(layer) + d_h) mod S. Offsets d and d + S give
+        the same windows (entry j of one is entry j+1 of the other), so taking the sum mod S changes no window."""
+        S, HKV = self.stride, self.num_kv_heads
+        if self.head_offsets == "spread":
+            heads = [h * S // HKV for h in range(HKV)]
+        elif self.head_offsets == "none":
+            heads = [0] * HKV
+        else:
+            heads = list(self.head_offsets)
+        return [(self.grid_offset(layer) + d) % S for d in heads]
+
+    # ---- cost (for report tables; formulas in docs/mitigations.md) ----
+    def cache_entries_per_token(self) -> float:
+        """Compressed cache entries written per token, summed over layers and KV heads: num_layers * HKV / S (an
+        entry is one key vector and one value vector of head_dim, one vector when tied). 0 for full attention."""
+        return self.num_layers * self.num_kv_heads / self.stride if self.compressed else 0.0
+
+    def compressor_flops_per_token(self) -> float:
+        """Multiply-adds of the compressors per token, summed over layers: each token fills W/S slots on average and
+        each slot applies its payload map (C x HKV*D) and gate map (C x HKV, or C x HKV*D for vector gates) per
+        branch (key, and value unless tied); the token shift adds K*C (one conv per layer, shared by the branches).
+        The pooling's weighted sum (HKV*D per slot and branch) and the softmax are left out (under 1%)."""
+        if not self.compressed:
+            return 0.0
+        C, HKV, D, W, S = self.hidden_size, self.num_kv_heads, self.head_dim, self.window, self.stride
+        branches = 1 if self.tied_kv else 2
+        per_slot = branches * C * (HKV * D + self._gate_width)
+        return self.num_layers * (W / S * per_slot + self.token_shift * C)
+
+    def compressor_params(self) -> int:
+        """Parameters of the compressors, summed over layers: per branch W payload maps (C x HKV*D), W gate maps
+        (C x gate width) and W gate biases; plus the token shift's K x C mix."""
+        if not self.compressed:
+            return 0
+        C, HKV, D, W = self.hidden_size, self.num_kv_heads, self.head_dim, self.window
+        branches = 1 if self.tied_kv else 2
+        gate = 0 if self.gate == "uniform" else W * C * self._gate_width + (W * self._gate_width if self.gate_bias
+                                                                              else 0)
+        return self.num_layers * (branches * (W * C * HKV * D + gate) + self.token_shift * C)
+
+    @property
+    def _gate_width(self) -> int:
+        return {"scalar": self.num_kv_heads, "vector": self.num_kv_heads * self.head_dim, "uniform": 0}[self.gate]
 
     # ---- presets ----
     @classmethod
@@ -129,6 +201,16 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def cache_entries_per_token(cfg: ModelConfig) -> float:
+    """Compressed cache entries per token over all layers and KV heads (`ModelConfig.cache_entries_per_token`)."""
+    return cfg.cache_entries_per_token()
+
+
+def compressor_flops_per_token(cfg: ModelConfig) -> float:
+    """Compressor multiply-adds per token over all layers (`ModelConfig.compressor_flops_per_token`)."""
+    return cfg.compressor_flops_per_token()
 
 
 def preset_names() -> list[str]:

@@ -55,6 +55,11 @@ class Compressor(nn.Module):
         s_{j,i} = Z_i h_{j,i} + b_i,  a_{j,.} = softmax_i s_{j,.},  K_j = sum_i a_{j,i} C_i h_{j,i}
     Values use their own gate and payload unless `tied_kv`. Parameters keep the slot as their first dim, so
     gate cycling is a roll along dim 0.
+
+    Token shift (`token_shift` K > 0): before the windows are cut, each token's input becomes a causal depthwise mix
+    of itself and its K-1 predecessors, h'_t = sum_k w_k * h_{t-K+1+k} (per channel; zeros before position 0), one
+    mix per compressor shared by the key and value branches, initialised to the identity (w = 1 on the current
+    token). It only looks back, so an entry still sees nothing after its window's last token.
     """
 
     def __init__(self, cfg: ModelConfig, grid_offset: int = 0):
@@ -74,6 +79,20 @@ class Compressor(nn.Module):
             # a fixed additive slot preference per KV head (zero unless a mitigation sets it)
             self.register_buffer(f"{b}_slot_prior", torch.zeros(W, HKV))
         self.branches = branches
+        if cfg.token_shift:
+            mix = torch.zeros(cfg.token_shift, C)  # [K, C]: row k weighs token t-K+1+k
+            mix[-1] = 1.0  # the identity: all weight on the current token
+            self.token_shift = nn.Parameter(mix)
+        else:
+            self.token_shift = None
+
+    def shift(self, x: torch.Tensor) -> torch.Tensor:
+        """The token shift: x [B, T, C] -> sum_k w_k x_{t-K+1+k}, a causal depthwise convolution of width K."""
+        if self.token_shift is None:
+            return x
+        K, T = self.token_shift.shape[0], x.shape[1]
+        xp = F.pad(x, (0, 0, K - 1, 0))  # [B, K-1+T, C]: zeros before position 0
+        return sum(self.token_shift[k] * xp[:, k : k + T] for k in range(K))
 
     def windows(self, x: torch.Tensor):
         """x: [B, T, C] -> the tokens of every window [B, N, W, C] and the mask of filled slots [N, W]."""
@@ -104,7 +123,7 @@ class Compressor(nn.Module):
     def forward(self, x: torch.Tensor, k_norm: nn.Module | None, pool=compression.gated_pool):
         """x: [B, T, C] normed hidden states -> pooled keys, values [B, N, HKV, D] (keys normed, not yet rotated)
         and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates)."""
-        xw, filled = self.windows(x)
+        xw, filled = self.windows(self.shift(x))
         out, gates = {}, {}
         for b in self.branches:
             payload, logits = self.branch(b, xw, filled)
