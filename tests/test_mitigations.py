@@ -109,45 +109,79 @@ def test_gate_diversity_per_head_includes_the_value_branch():
     assert build_mitigations({"gate_diversity": {"mode": "hard"}})[0].branch == "key"
 
 
+def with_values(gates, value_static_per_layer):
+    """Adds value gates built like gates_from's key gates."""
+    for layer, v in zip(gates, gates_from(value_static_per_layer)):
+        layer["value"] = v["key"]
+    return gates
+
+
 def test_head_coord_by_hand():
+    # W4/S4: the key gate's slot 3 (the boundary phase 3) answers nothing and counts as a collision
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
-    assert term("head_coord", cfg, gates_from([ONE_HOT[[0, 3]]])) == pytest.approx(0, abs=1e-6)  # disjoint
+    assert term("head_coord", cfg, gates_from([ONE_HOT[[0, 2]]])) == pytest.approx(0, abs=1e-6)  # disjoint
     assert term("head_coord", cfg, gates_from([ONE_HOT[[1, 1]]])) == pytest.approx(1.0)  # collided
-    assert term("head_coord", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0.25)  # 1/S
+    # uniform: q = [1/4, 1/4, 1/4, 0], overlap 3/16, dead mass 1/4
+    assert term("head_coord", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(7 / 16)
     # half overlap: <[.5,.5,0,0], [0,.5,.5,0]> = 0.25
     assert term("head_coord", cfg, gates_from([[[.5, .5, 0, 0], [0, .5, .5, 0]]])) == pytest.approx(0.25)
     cfg4 = ModelConfig(window=4, stride=4, num_kv_heads=4, num_heads=4, num_layers=1)
-    assert term("head_coord", cfg4, gates_from([ONE_HOT])) == pytest.approx(0, abs=1e-6)
     # heads {0,0,1,2}: one colliding pair of 12 ordered pairs counted twice -> 2/12
     assert term("head_coord", cfg4, gates_from([ONE_HOT[[0, 0, 1, 2]]])) == pytest.approx(2 / 12)
+    # heads on every slot: no overlap, but head 3 reads only the boundary: 1/4
+    assert term("head_coord", cfg4, gates_from([ONE_HOT])) == pytest.approx(0.25)
+
+
+def test_head_coord_ignores_the_boundary_slot_and_reads_values():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    # disjoint slots, but slot 3 answers nothing: 0 overlap + 1/2 dead; both on it: 1 (no escape there)
+    assert term("head_coord", cfg, gates_from([ONE_HOT[[0, 3]]])) == pytest.approx(0.5)
+    assert term("head_coord", cfg, gates_from([ONE_HOT[[3, 3]]])) == pytest.approx(1.0)
+    # value gate: slot i answers the key at slot i-1; slot 0 is the dead one
+    gates = with_values(gates_from([ONE_HOT[[0, 3]]]), [ONE_HOT[[1, 2]]])  # values: key phases 0, 1
+    assert term("head_coord", cfg, gates, branch="value") == pytest.approx(0, abs=1e-6)
+    assert term("head_coord", cfg, gates) == pytest.approx(0.25)  # default both: (0.5 + 0) / 2
+    gates = with_values(gates_from([ONE_HOT[[0, 1]]]), [ONE_HOT[[0, 3]]])  # values: dead, key phase 2
+    assert term("head_coord", cfg, gates, branch="value") == pytest.approx(0.5)
+    assert term("head_coord", cfg, with_values(gates_from([ONE_HOT[[0, 1]]]), [ONE_HOT[[3, 3]]]),
+                branch="value") == pytest.approx(1.0)
+    # W8/S4: slot 3 holds the boundary phase 3 but its value (slot 4) is in the window: answerable
+    cfg84 = ModelConfig(window=8, stride=4, num_kv_heads=2, num_layers=1)
+    eye8 = torch.eye(8)
+    assert term("head_coord", cfg84, gates_from([eye8[[3, 0]]])) == pytest.approx(0, abs=1e-6)
+    assert term("head_coord", cfg84, gates_from([eye8[[3, 7]]])) == pytest.approx(0.5)  # slot 7: dead
 
 
 def test_layer_coord_by_hand():
+    # W4/S4, no offsets: every layer's boundary phase 3 is unanswerable, the mean runs over phases 0, 1, 2
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
-    # layer 0 covers phases 0,1, layer 1 covers 2,3: nothing left uncovered
-    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[2, 3]]])) == pytest.approx(0, abs=1e-6)
-    # both layers on phases 0,1: phases 2,3 uncovered -> 2/4
-    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[0, 1]]])) == pytest.approx(0.5)
-    # everything on phase 0: 3/4
-    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 0]], ONE_HOT[[0, 0]]])) == pytest.approx(0.75)
-    # all uniform: (3/4)^4 per phase
+    # layer 0 covers phases 0,1, layer 1 covers 2: nothing answerable left uncovered
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[2, 2]]])) == pytest.approx(0, abs=1e-6)
+    # both layers on phases 0,1: phase 2 uncovered -> 1/3
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[0, 1]]])) == pytest.approx(1 / 3)
+    # everything on phase 0: 2/3; everything on the boundary slot: 1
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 0]], ONE_HOT[[0, 0]]])) == pytest.approx(2 / 3)
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[3, 3]], ONE_HOT[[3, 3]]])) == pytest.approx(1.0)
+    # boundary slots count for nothing: layer 1 on slots 2, 3 covers only phase 2 -> phase 1 open with layer 0 on 0
+    assert term("layer_coord", cfg, gates_from([ONE_HOT[[0, 0]], ONE_HOT[[2, 3]]])) == pytest.approx(1 / 3)
+    # all uniform: (1 - 1/4)^4 on each answerable phase
     u = torch.stack([UNIFORM, UNIFORM])
     assert term("layer_coord", cfg, gates_from([u, u])) == pytest.approx(0.75**4)
 
 
-def test_layer_coord_maps_slots_to_phases_with_grid_offsets():
-    # layer 1 compresses with offset 2: its slot i holds phase (i - 4 - 2) mod 4 = (i + 2) mod 4
-    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2, grid_offsets=[0, 2])
-    assert empty_windows(cfg, 0) == 0 and empty_windows(cfg, 1) == 1
-    assert slot_phases(cfg, 1).argmax(1).tolist() == [2, 3, 0, 1]
-    # both layers on slots 0,1 -> phases 0,1 and 2,3: covered. Window 0 of layer 1 is incomplete: garbage ignored.
-    gates = gates_from([ONE_HOT[[0, 1]], ONE_HOT[[0, 1]]], garbage_windows=[(), (0,)])
-    assert term("layer_coord", cfg, gates) == pytest.approx(0, abs=1e-6)
-    # W8/S4: slots i and i+4 hold the same phase (i - 8) mod 4 = i mod 4
-    cfg84 = ModelConfig(window=8, stride=4, num_kv_heads=2, num_layers=1)
-    assert slot_phases(cfg84, 0).argmax(1).tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
-    eye8 = torch.eye(8)
-    assert term("head_coord", cfg84, gates_from([eye8[[1, 5]]])) == pytest.approx(1.0)  # same phase: collide
+def test_layer_coord_values_and_each_grids_own_boundary():
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
+    # keys all on the dead slot; values on slots 1, 2 (key phases 0, 1) and 3 (key phase 2): values cover it all
+    gates = with_values(gates_from([ONE_HOT[[3, 3]], ONE_HOT[[3, 3]]]), [ONE_HOT[[1, 2]], ONE_HOT[[3, 3]]])
+    assert term("layer_coord", cfg, gates, branch="key") == pytest.approx(1.0)
+    assert term("layer_coord", cfg, gates, branch="value") == pytest.approx(0, abs=1e-6)
+    assert term("layer_coord", cfg, gates) == pytest.approx(0.5)
+    # offsets [0, 2]: layer 1's slot i holds phase (i + 2) mod 4 and its boundary is phase 1 (slot 3). Every phase is
+    # answerable by some layer. Layer 0 on phase 2, layer 1 on its boundary slot: phases 0, 1, 3 open -> 3/4
+    off = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2, grid_offsets=[0, 2])
+    assert term("layer_coord", off, gates_from([ONE_HOT[[2, 2]], ONE_HOT[[3, 3]]])) == pytest.approx(3 / 4)
+    # layer 0 on phases 0, 1 (its slots 0, 1), layer 1 on phases 3, 2 (its slots 1, 0): all covered
+    assert term("layer_coord", off, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[1, 0]]])) == pytest.approx(0, abs=1e-6)
 
 
 def test_static_excludes_incomplete_windows_with_and_without_config():
@@ -210,6 +244,72 @@ def test_optimising_the_loss_alone_spreads_collapsed_gates(name):
     after = layer_coverage(model, ids, cfg)
     assert float(loss.detach()) < first
     assert all(a > b + 1.0 for a, b in zip(after, before)), (before, after)
+
+
+# Hand-written for W4/S4, grid offset 0 (independent of answered_phases): the target-key phase each slot answers
+KEY_PHASE = {0: 0, 1: 1, 2: 2}  # key slot 3: its value is in the next window
+VALUE_PHASE = {1: 0, 2: 1, 3: 2}  # value slot 0: its key is in the previous window
+
+
+def phase_weights(P, branch):
+    """[HKV, 3] weight of each head on the answerable phases 0..2 (the rest is dead mass)."""
+    slots = KEY_PHASE if branch == "key" else VALUE_PHASE
+    q = torch.zeros(P.shape[0], 3)
+    for slot, phase in slots.items():
+        q[:, phase] += P[:, slot]
+    return q
+
+
+@pytest.mark.parametrize("name, opts", [("gate_diversity", {}), ("gate_diversity", {"mode": "soft"}),
+                                        ("head_coord", {}), ("layer_coord", {})])
+def test_a_few_hundred_steps_on_the_term_alone_spread_collapsed_compressor_gates(name, opts):
+    from phasefix.model.qwen3 import Compressor
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_name("tiny", hidden_size=32, head_dim=8)  # W4/S4, 2 layers, 2 KV heads
+    (m,) = build_mitigations({name: {"weight": 1.0, **opts}})
+    cfg = m.configure_model(cfg)
+    comps = [Compressor(cfg, cfg.grid_offset(layer)) for layer in range(cfg.num_layers)]
+    with torch.no_grad():  # every head of every layer collapsed: keys on the boundary slot, values on slot 0
+        for c in comps:
+            c.key_gate_bias[3] = 6.0
+            c.value_gate_bias[0] = 6.0
+    x = torch.randn(4, 32, cfg.hidden_size)  # 8 complete windows
+
+    def statics():  # {(layer, branch): P [HKV, W]}, the plain mean over batch and windows
+        return {(layer, b): a.mean((0, 1)).T for layer, c in enumerate(comps)
+                for b, a in c(x, None)[2].items()}
+
+    before = {k: P.detach() for k, P in statics().items()}
+    assert all(float(P.max(1).values.min()) > 0.9 for P in before.values())  # collapsed
+    # the per-slot biases carry the static preference; the data-dependent Z_i moves slower (else random inputs
+    # make every window one-hot and the statics a count over 32 windows)
+    biases = [p for c in comps for n, p in c.named_parameters() if n.endswith("gate_bias")]
+    maps = [p for c in comps for n, p in c.named_parameters() if n.endswith("_gate")]
+    opt = torch.optim.Adam([{"params": biases, "lr": 0.05}, {"params": maps, "lr": 0.002}])
+    for _ in range(300):
+        loss = m.loss(fake(cfg), [c(x, None)[2] for c in comps])[name]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = {k: P.detach() for k, P in statics().items()}
+    eff = {k: torch.exp(-(P * P.log()).sum(1)) for k, P in after.items()}  # effective slots per head
+    if name == "gate_diversity" and m.mode == "per_head":  # every head of both branches statically uniform
+        assert all(float(e.min()) > 3.8 for e in eff.values()), eff
+    elif name == "gate_diversity":  # the union of the key heads spreads; values untouched (branch key)
+        for layer in range(2):
+            union = after[(layer, "key")].mean(0)
+            assert float(torch.exp(-(union * union.log()).sum())) > 3.8
+            assert float(after[(layer, "value")].max(1).values.min()) > 0.9
+    elif name == "head_coord":  # per layer and branch: distinct answerable phases, nothing on the dead slot
+        for (layer, b), P in after.items():
+            q = phase_weights(P, b)
+            assert float(q.sum(1).min()) > 0.95 and len(set(q.argmax(1).tolist())) == 2, (layer, b, P)
+            assert float((q[0] * q[1]).sum()) < 0.05
+    else:  # per branch: the four heads of both layers cover phases 0, 1, 2
+        for b in ("key", "value"):
+            q = torch.cat([phase_weights(after[(layer, b)], b) for layer in range(2)])  # [4, 3]
+            assert float(torch.prod(1 - q, dim=0).max()) < 0.05, (b, q)
 
 
 # ------------------------------------------------------------------------------------------------ hard parametrisation

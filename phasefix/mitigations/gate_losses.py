@@ -12,7 +12,7 @@ import torch
 
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import BRANCHES, Mitigation, unwrap
-from phasefix.mitigations.gates import entropy, slot_phases, static_gate_distribution
+from phasefix.mitigations.gates import answered_phases, entropy, static_gate_distribution
 from phasefix.model.config import ModelConfig
 
 HARD_MASK = 1e9  # logit penalty of a slot outside a head's assignment (exp(-1e9) is exactly 0 in float32)
@@ -149,14 +149,21 @@ class GateDiversity(GateMitigation):
 
 
 # ------------------------------------------------------------------------------------------------ coordination
+def phase_coverage(config: ModelConfig, layer: int, branch: str, P: torch.Tensor) -> torch.Tensor:
+    """The static phase distribution q [HKV, S] of a layer's heads: q_h(r) = sum of P_h over the slots that answer
+    target-key phase r (`answered_phases`). It sums to 1 minus the mass on the slot that answers nothing."""
+    return torch.einsum("hw,hws->hs", P, answered_phases(config, layer, branch, P.device))
+
+
 class HeadCoord(GateMitigation):
     """KV heads of one layer specialise on complementary phases: the mean pairwise overlap of their static phase
-    distributions q_h = P_h M (M maps slots to phases),
-        O = 1/(HKV(HKV-1)) sum_{h != h'} <q_h, q_h'>,
-    0 when the heads read disjoint phases, 1 when they all sit on the same phase, 1/S when all are uniform."""
+    distributions q_h (`phase_coverage`), plus the mean mass the heads put on the slot that answers nothing,
+        O = 1/(HKV(HKV-1)) sum_{h != h'} <q_h, q_h'>  +  1/HKV sum_h (1 - sum_r q_h(r)),
+    0 when the heads read disjoint answerable phases, 1 when they all sit on one phase or on the dead slot (a read
+    that answers nothing costs as much as a collision, so no head escapes the overlap onto the boundary)."""
 
     name = "head_coord"
-    defaults = {"branch": "key", "weight": 0.1}
+    defaults = {"branch": "both", "weight": 1.0}
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
@@ -167,23 +174,26 @@ class HeadCoord(GateMitigation):
 
     def term(self, config, statics):
         terms = []
-        for layer, _, P in statics:
-            q = P @ slot_phases(config, layer, P.device)  # [HKV, S]
+        for layer, branch, P in statics:
+            q = phase_coverage(config, layer, branch, P)  # [HKV, S]
             G = q @ q.T  # [HKV, HKV]
             n = q.shape[0]
-            terms.append((G.sum() - G.diagonal().sum()) / (n * (n - 1)))
+            dead = 1.0 - q.sum(1)  # [HKV]
+            terms.append((G.sum() - G.diagonal().sum()) / (n * (n - 1)) + dead.mean())
         return _mean(terms)
 
 
 class LayerCoord(GateMitigation):
     """What one layer leaves uncovered another covers: the mean over phases r of the probability that no head of
     any layer reads r, treating the static phase weights q_{l,h}(r) as independent coverage probabilities,
-        U = 1/S sum_r prod_{l,h} (1 - q_{l,h}(r)),
-    0 when every phase has some head (in some layer) fully on it, (S-1)/S when every head sits on the same phase.
-    Phases, not slots: layers with different grid offsets (or W > S) are compared on the tokens they read."""
+        U = 1/|R| sum_{r in R} prod_{l,h} (1 - q_{l,h}(r)),
+    R the phases some layer can answer (a phase that is every layer's boundary has no gradient: left out). A
+    layer's own boundary phase is never covered by it (`phase_coverage`). 0 when every answerable phase has some
+    head fully on it, (|R|-1)/|R| when every head sits on one phase, 1 when all sit on dead slots. Phases, not
+    slots: layers with different grid offsets (or W > S) are compared on the tokens they read."""
 
     name = "layer_coord"
-    defaults = {"branch": "key", "weight": 0.1}
+    defaults = {"branch": "both", "weight": 1.0}
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
@@ -195,6 +205,9 @@ class LayerCoord(GateMitigation):
     def term(self, config, statics):
         terms = []
         for b in dict.fromkeys(b for _, b, _ in statics):
-            q = torch.cat([P @ slot_phases(config, layer, P.device) for layer, bb, P in statics if bb == b])
-            terms.append(torch.prod(1.0 - q, dim=0).mean())  # q: [L*HKV, S]
+            layers = [(layer, P) for layer, bb, P in statics if bb == b]
+            q = torch.cat([phase_coverage(config, layer, b, P) for layer, P in layers])  # [L*HKV, S]
+            answerable = torch.stack([answered_phases(config, layer, b).sum((0, 1)) > 0 for layer, _ in layers])
+            uncovered = torch.prod(1.0 - q, dim=0)  # [S]
+            terms.append(uncovered[answerable.any(0).to(q.device)].mean())
         return _mean(terms)

@@ -66,6 +66,26 @@ def slot_phases(config: ModelConfig, layer: int = 0, device=None) -> torch.Tenso
     return torch.nn.functional.one_hot(phase, S).float()
 
 
+def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", device=None) -> torch.Tensor:
+    """Which target-key phase each slot of a gate can answer, per KV head: one-hot [HKV, W, S], with an all-zero
+    row for the slot that answers nothing (science.md §5: a record is answered by one entry that binds its key,
+    read by the key gate, to its value on the next token, read by the value gate).
+    key gate: slot i reads the key at slot i, whose value is at slot i+1; slot W-1's value lies in the next window.
+    value gate: slot i reads the value of the key at slot i-1; slot 0's key lies in the previous window.
+    With W = S both dead slots belong to the grid's boundary phase (S-1-d) mod S, which the layer cannot answer;
+    with W > S that phase is also an interior slot and stays answerable. The one place the coordination terms read
+    phases from: per-head grid offsets (`config.head_grid_offsets`, where the model has them) change it per head."""
+    W, S, HKV = config.window, config.stride, config.num_kv_heads
+    per_head = getattr(config, "head_grid_offsets", None)
+    offsets = per_head(layer) if per_head is not None else [config.grid_offset(layer)] * HKV
+    i = torch.arange(W, device=device)
+    read = i if branch == "key" else i - 1  # the slot holding the record's key
+    alive = (read + 1 < W) & (read >= 0)  # its key and value are both in the window
+    d = torch.as_tensor(offsets, device=device)[:, None]  # [HKV, 1]
+    phase = (read[None, :] - W - d) % S  # [HKV, W], as slot_phases
+    return torch.nn.functional.one_hot(phase, S).float() * alive[None, :, None]
+
+
 def gate_heatmap(static: list[dict], title: str | None = None):
     """One heatmap per layer and branch: KV heads x slots, the static gate weight in each cell, each head's
     effective number of slots in its row label. Returns a matplotlib Figure (Agg canvas, no pyplot state)."""
@@ -105,5 +125,5 @@ def gate_heatmap(static: list[dict], title: str | None = None):
     return fig
 
 
-__all__ = ["effective_slots", "empty_windows", "entropy", "gate_heatmap", "slot_phases", "static_gate_distribution"]
+__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "gate_heatmap", "slot_phases", "static_gate_distribution"]
 
