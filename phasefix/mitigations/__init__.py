@@ -1,7 +1,8 @@
 """Mitigations of phase sensitivity (science.md §6; math in docs/mitigations.md).
 
 `build_mitigations(cfg.mitigation)` validates every option and returns the `Mitigation`s the training loop calls:
-gate-diversity constraints, head and layer coordination losses, and the control baselines phase_jitter and
+gate-diversity constraints (per head by default, the union, or a hard parametrisation), head and layer coordination
+losses on key and value gates, and the control baselines phase_jitter and
 staggered_offsets. Select them with `+mitigation=NAME` or `+mitigation=[a,b]`; options are the keys of
 conf/mitigation/NAME.yaml.
 """
@@ -12,8 +13,8 @@ from collections.abc import Mapping
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import Mitigation, as_options
 from phasefix.mitigations.controls import PhaseJitter, StaggeredOffsets
-from phasefix.mitigations.gate_losses import GateDiversity, HeadCoord, LayerCoord, slot_assignment
-from phasefix.mitigations.gates import effective_slots, gate_heatmap, static_gate_distribution
+from phasefix.mitigations.gate_losses import GateDiversity, HeadCoord, LayerCoord, phase_coverage, slot_assignment
+from phasefix.mitigations.gates import answered_phases, effective_slots, gate_heatmap, static_gate_distribution
 
 REGISTRY: dict[str, type[Mitigation]] = {
     cls.name: cls for cls in (GateDiversity, HeadCoord, LayerCoord, PhaseJitter, StaggeredOffsets)
@@ -41,6 +42,6 @@ def mitigation_names(mitigations: list[Mitigation]) -> str:
     return "+".join(m.name for m in mitigations)
 
 
-__all__ = ["REGISTRY", "GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "StaggeredOffsets",
+__all__ = ["REGISTRY", "GateDiversity", "answered_phases", "phase_coverage", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "StaggeredOffsets",
            "build_mitigations", "effective_slots", "gate_heatmap", "mitigation_names", "slot_assignment",
            "static_gate_distribution"]
