@@ -42,6 +42,6 @@ def mitigation_names(mitigations: list[Mitigation]) -> str:
     return "+".join(m.name for m in mitigations)
 
 
-__all__ = ["REGISTRY", "GateDiversity", "answered_phases", "phase_coverage", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "StaggeredOffsets",
-           "build_mitigations", "effective_slots", "gate_heatmap", "mitigation_names", "slot_assignment",
-           "static_gate_distribution"]
+__all__ = ["GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "REGISTRY", "StaggeredOffsets",
+           "answered_phases", "build_mitigations", "effective_slots", "gate_heatmap", "mitigation_names",
+           "phase_coverage", "slot_assignment", "static_gate_distribution"]
