@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR
@@ -53,7 +54,7 @@ class ModelConfig:
     grid_offsets: list[int] = field(default_factory=list)  # per-layer shift of the window grid (cycled over layers)
     # per-KV-head shift of the grid inside a layer: none (all 0), spread (head h: floor(h S / HKV)) or a list of HKV
     # offsets in [0, S); a head's offset in layer l is (grid_offset(l) + d_h) mod S (the grid repeats every S)
-    head_offsets: str | list[int] = "none"
+    head_offsets: Any = "none"  # str | list[int]; Any: OmegaConf structured configs reject unions of containers
     # K: each token's compressor input also sees its K-1 predecessors (a causal depthwise convolution of width K,
     # initialised to the identity); 0 = off. Bridges the boundary phase: slot 0 then carries token jS-1 too
     token_shift: int = 0
@@ -101,7 +102,7 @@ class ModelConfig:
               "model.token_shift", self.token_shift, "must be an integer >= 0 (0 = off, K = a causal mix of K tokens)")
         if self.head_offsets is None:
             self.head_offsets = "none"
-        if isinstance(self.head_offsets, (list, tuple)):
+        if not isinstance(self.head_offsets, str) and hasattr(self.head_offsets, "__iter__"):  # list, ListConfig
             offsets = list(self.head_offsets)
             check(len(offsets) == self.num_kv_heads and all(
                 isinstance(o, int) and not isinstance(o, bool) and 0 <= o < self.stride for o in offsets),
@@ -112,7 +113,6 @@ class ModelConfig:
             check(self.head_offsets in HEAD_OFFSETS, "model.head_offsets", self.head_offsets,
                   f"must be 'none', 'spread' or a list of model.num_kv_heads={self.num_kv_heads} integers in "
                   f"[0, model.stride={self.stride})")
-        check(self.head_offsets == "none", "model.head_offsets", self.head_offsets, "not implemented yet (issue 16)")
         if self.attention == "full":
             check(not self.attention_sink, "model.attention_sink", self.attention_sink,
                   "the attention sink is only available with model.attention='compressed'")
