@@ -173,6 +173,20 @@ ORACLE_CASES = {
     "token_shift_1_w6s6_tail_offsets": dict(window=6, stride=6, token_shift=1, local_memory="tail",
                                             grid_offsets=[5, 2]),
     "token_shift_2_uniform": dict(window=4, stride=4, token_shift=2, gate="uniform"),
+    # per-KV-head grid offsets
+    "head_offsets_spread": dict(window=4, stride=4, head_offsets="spread"),
+    "head_offsets_spread_tail": dict(window=4, stride=4, head_offsets="spread", local_memory="tail"),
+    "head_offsets_w8s4_vector_sink_rope8": dict(window=8, stride=4, head_offsets=[3, 1], gate="vector",
+                                                attention_sink=True, rope_dims=8),
+    "head_offsets_plus_grid_offsets_wrap": dict(window=6, stride=6, head_offsets=[4, 1], grid_offsets=[3, 5],
+                                                local_memory="tail"),  # 3+4 and 5+4 wrap around S
+    "head_offsets_tied_post_norm": dict(window=4, stride=4, head_offsets=[2, 0], tied_kv=True, post_norm=True),
+    "head_offsets_equal": dict(window=4, stride=4, head_offsets=[1, 1]),
+    "head_offsets_mha_spread_prior": dict(window=4, stride=4, num_kv_heads=4, head_offsets="spread",
+                                          _slot_prior=True),
+    # all three bridges at once
+    "bridges_w5s4_shift2_spread_tail": dict(window=5, stride=4, token_shift=2, head_offsets="spread",
+                                            local_memory="tail"),
     # the baseline goes through the same oracle
     "full_attention": dict(attention="full"),
 }
@@ -196,6 +210,9 @@ def test_matches_float64_oracle(case):
 
 BRIDGE_LONG = {  # T = 63 and several heads: 8 query heads over 4 KV heads
     "token_shift_2_w4s4_tail": dict(window=4, stride=4, token_shift=2, local_memory="tail"),
+    "spread_w4s4_tail": dict(window=4, stride=4, head_offsets="spread", local_memory="tail"),
+    "offsets_1013_w5s4_shift3_sink": dict(window=5, stride=4, head_offsets=[1, 0, 1, 3], token_shift=3,
+                                          attention_sink=True, grid_offsets=[2]),
 }
 
 
@@ -209,7 +226,8 @@ def test_bridges_match_float64_oracle_values_and_gradients(case):
     ids = torch.randint(0, 32, (1, 63), generator=torch.Generator().manual_seed(8))
     proj = torch.randn(1, 63, 32, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     names = [n for n in ("embed_tokens.weight", "layers.0.attn.compressor.token_shift",
-                         "layers.0.attn.compressor.key_gate", "layers.0.attn.compressor.value_payload")
+                         "layers.0.attn.compressor.key_gate", "layers.0.attn.compressor.value_payload",
+                         "layers.0.attn.sink")
              if n in dict(model.named_parameters())]
     model.zero_grad()
     ours = model(ids)
@@ -282,6 +300,12 @@ CAUSAL_CASES = {
     "w4s4_uniform_tail": dict(window=4, stride=4, gate="uniform", local_memory="tail"),
     "w4s4_shift2": dict(window=4, stride=4, token_shift=2),
     "w8s6_shift3_tail_offsets": dict(window=8, stride=6, token_shift=3, local_memory="tail", grid_offsets=[5, 1]),
+    "w4s4_spread": dict(window=4, stride=4, head_offsets="spread"),
+    "w4s4_spread_tail_shift2": dict(window=4, stride=4, head_offsets="spread", local_memory="tail", token_shift=2),
+    "w6s6_heads_offsets_tail": dict(window=6, stride=6, head_offsets=[5, 2], grid_offsets=[2, 4],
+                                    local_memory="tail"),
+    "w5s4_spread_shift3_vector_tied_sink": dict(window=5, stride=4, head_offsets="spread", token_shift=3,
+                                                gate="vector", tied_kv=True, attention_sink=True),
 }
 
 
@@ -328,7 +352,19 @@ BOUNDARY_CASES = {
     "w8s6_vector": dict(window=8, stride=6, gate="vector"),
     "w6s6_offset": dict(window=6, stride=6, grid_offsets=[4]),
     "w8s4_offset_tied": dict(window=8, stride=4, grid_offsets=[3], tied_kv=True, attention_sink=True),
+    "w4s4_heads_13": dict(window=4, stride=4, head_offsets=[1, 3]),
+    "w6s6_spread_offset": dict(window=6, stride=6, head_offsets="spread", grid_offsets=[4]),  # heads: 4, 7 = 1
+    "w5s4_heads_20_shift2": dict(window=5, stride=4, head_offsets=[2, 0], token_shift=2),
 }
+
+
+def head_offsets_by_hand(cfg: dict) -> list[int]:
+    """Each KV head's grid offset in layer 0: (layer offset + head offset) mod S, spread = floor(h S / HKV)."""
+    S, HKV = cfg["stride"], cfg.get("num_kv_heads", SMALL["num_kv_heads"])
+    heads = cfg.get("head_offsets", "none")
+    if isinstance(heads, str):
+        heads = {"none": [0] * HKV, "spread": [h * S // HKV for h in range(HKV)]}[heads]
+    return [((cfg.get("grid_offsets") or [0])[0] + d) % S for d in heads]
 
 
 @pytest.mark.parametrize("case", list(BOUNDARY_CASES), ids=list(BOUNDARY_CASES))
@@ -337,11 +373,11 @@ def test_entry_visible_exactly_when_window_completes(case):
     holding s is complete, and from that query on it does (two layers, so nothing leaks through layer 2 either)."""
     cfg = BOUNDARY_CASES[case]
     model = small_model(seed=41, local_window=1, **cfg)
-    S, d = cfg["stride"], (cfg.get("grid_offsets") or [0])[0]
+    S = cfg["stride"]
     ids = torch.randint(0, 32, (1, 40), generator=torch.Generator().manual_seed(42))
     for s in (0, 1, 5, 9, 14, 20):
         change = logit_change(model, ids, s)
-        end = first_seen(s, S, d)
+        end = min(first_seen(s, S, d) for d in head_offsets_by_hand(cfg))  # the first head whose window completes
         assert s <= end <= s + S - 1
         assert (change[:s] == 0).all(), (case, s)  # causality
         assert change[s] > 1e-6, (case, s)  # the query sees itself raw
@@ -396,6 +432,60 @@ def test_token_shift_bridges_the_boundary(K):
             assert (g[j * S - 1] > 1e-8) == (K >= 2)
 
 
+def test_head_offsets_spread_entries_start_at_different_positions():
+    """spread, W4/S4, 2 KV heads: head 0 pools tokens [jS, jS+3], head 1 (offset 2) tokens [jS-2, jS+1]; the
+    gradient of each head's entry j with respect to the compressor's input shows exactly its own window."""
+    S = 4
+    model = small_model(seed=71, window=S, stride=S, head_offsets="spread")
+    attn = model.layers[0].attn
+    assert attn.compressor.head_offsets == [0, 2]
+    x = torch.randn(1, 26, SMALL["hidden_size"], dtype=torch.float64, requires_grad=True)
+    k_cmp, v_cmp, gates = attn.compressor(x, attn.k_norm)
+    assert k_cmp.shape[1] == (26 + 2) // S and gates["key"].shape[1] == 26 // S  # head 1 has one more entry
+    for j in (1, 3, 5):
+        for h, d in ((0, 0), (1, 2)):
+            for out in (k_cmp, v_cmp):
+                r = torch.randn_like(out[:, j, h])
+                g = torch.autograd.grad((out[:, j, h] * r).sum(), x, retain_graph=True)[0][0].abs().amax(-1)
+                seen = g.nonzero().flatten().tolist()
+                assert seen == list(range(j * S - d, (j + 1) * S - d)), (j, h, seen)
+
+
+def test_cost_helpers_on_the_tiny_preset():
+    """Cache entries and compressor multiply-adds per token, and parameters: the documented numbers for tiny
+    (C=128, HKV=2, D=32, 2 layers, scalar gates with biases, K and V branches), checked against the formulas by
+    hand and the parameter count against the built model."""
+    from phasefix.model.config import cache_entries_per_token, compressor_flops_per_token
+
+    per_slot = 2 * 128 * (2 * 32 + 2)  # two branches, payload C x HKV*D and gate C x HKV: 16896
+    for over, entries, flops in (
+        (dict(), 2 * 2 / 4, 2 * per_slot),  # W4/S4: 33792
+        (dict(window=5), 1.0, 2 * 1.25 * per_slot),  # W5/S4: 42240
+        (dict(window=8), 1.0, 2 * 2 * per_slot),  # W8/S4: 67584
+        (dict(token_shift=2), 1.0, 2 * (per_slot + 2 * 128)),  # 34304
+        (dict(head_offsets="spread"), 1.0, 2 * per_slot),
+        (dict(stride=8), 2 * 2 / 8, 2 * per_slot),  # W8/S8
+        (dict(attention="full"), 0.0, 0.0),
+    ):
+        cfg = ModelConfig.from_name("tiny", **over)
+        assert cache_entries_per_token(cfg) == entries, over
+        assert compressor_flops_per_token(cfg) == flops, over
+        model = CompressedQwen3(cfg)
+        built = sum(p.numel() for c in model.compressors() for p in c.parameters())
+        assert cfg.compressor_params() == built, over
+    assert ModelConfig.from_name("tiny").compressor_params() == 2 * 2 * (4 * 128 * 64 + 4 * 128 * 2 + 4 * 2)
+
+
+def test_head_offsets_accepts_hydra_lists():
+    from omegaconf import OmegaConf
+
+    cfg = ModelConfig.from_dict(dict(OmegaConf.create({**SMALL, "head_offsets": [3, 1], "grid_offsets": [2]})))
+    assert cfg.head_offsets == [3, 1] and cfg.head_grid_offsets(0) == [1, 3]
+    assert ModelConfig(**SMALL, head_offsets=None).head_grid_offsets(0) == [0, 0]
+    assert ModelConfig(**{**SMALL, "num_kv_heads": 4}, stride=8, window=8, head_offsets="spread"
+                       ).head_grid_offsets(1) == [0, 2, 4, 6]
+
+
 # ================================================================================= configs and presets
 INVALID = {
     "window_lt_stride": (dict(window=2, stride=4), "model.window"),
@@ -415,6 +505,10 @@ INVALID = {
     "token_shift_negative": (dict(token_shift=-1), "model.token_shift"),
     "token_shift_not_int": (dict(token_shift=1.5), "model.token_shift"),
     "token_shift_full_attention": (dict(attention="full", token_shift=2), "model.token_shift"),
+    "head_offsets_unknown": (dict(head_offsets="random"), "model.head_offsets"),
+    "head_offsets_length": (dict(head_offsets=[0]), "model.head_offsets"),
+    "head_offsets_range": (dict(head_offsets=[0, 4]), "model.head_offsets"),
+    "head_offsets_full_attention": (dict(attention="full", head_offsets="spread"), "model.head_offsets"),
 }
 
 

@@ -7,6 +7,10 @@ Two ops, each with a Triton twin of the same signature in `kernels/`:
 Grid (with an optional `grid_offset` d in [0, S), 0 in the paper): window j ends at token (j+1)S-1-d and starts at
 (j+1)S-W-d; slots before position 0 get zero weight. Entry j is visible to query t once its window is complete:
 j < floor((t+1+d)/S). Entries get RoPE at position jS-d (jS in the paper).
+
+Per-KV-head offsets (`model.head_offsets`): every rule above holds per KV head with its own d. GQA groups are
+independent, so `by_grid_offset` runs the attention once per distinct offset on the KV heads that have it (and
+their query heads) and puts the heads back in order; the compressor pools each offset's windows for its heads.
 """
 from __future__ import annotations
 
@@ -40,9 +44,43 @@ def tail_start(t: torch.Tensor, stride: int, grid_offset: int = 0) -> torch.Tens
     return (num_visible(t, stride, grid_offset) * stride - grid_offset).clamp(min=0)
 
 
-def entry_positions(N: int, stride: int, grid_offset: int = 0, device=None) -> torch.Tensor:
-    """RoPE position of each entry: jS - d."""
-    return torch.arange(N, device=device) * stride - grid_offset
+def entry_positions(N: int, stride: int, grid_offset: int | list[int] = 0, device=None) -> torch.Tensor:
+    """RoPE position of each entry: jS - d, [N]; with one offset per KV head, [N, HKV]."""
+    j = torch.arange(N, device=device)
+    if isinstance(grid_offset, int):
+        return j * stride - grid_offset
+    return j[:, None] * stride - torch.tensor(grid_offset, device=device)[None, :]
+
+
+def offset_groups(offsets: list[int]) -> list[tuple[int, list[int]]]:
+    """The KV heads of each distinct grid offset, [(d, [heads])], in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for h, d in enumerate(offsets):
+        groups.setdefault(int(d), []).append(h)
+    return list(groups.items())
+
+
+def by_grid_offset(attention, q, k, v, k_cmp, v_cmp, *, grid_offset: int | list[int], sink=None, **kw):
+    """`attention` (one grid offset for every head) with one offset per KV head: one call per distinct offset on
+    the KV heads that have it and on their G query heads each; the outputs [B, T, H, D] go back in head order.
+
+    k_cmp, v_cmp: [B, N, HKV, D], N the most entries of any head; a head's entries past its own count are never
+    visible (j < floor((t+1+d)/S) <= floor((T+d)/S)), so their values do not matter."""
+    if isinstance(grid_offset, int):
+        return attention(q, k, v, k_cmp, v_cmp, sink=sink, grid_offset=grid_offset, **kw)
+    groups = offset_groups(list(grid_offset))
+    if len(groups) == 1:
+        return attention(q, k, v, k_cmp, v_cmp, sink=sink, grid_offset=groups[0][0], **kw)
+    H, HKV = q.shape[2], k.shape[2]
+    G = H // HKV
+    outs, order = [], []
+    for d, heads in groups:
+        kv = torch.tensor(heads, device=q.device)  # its KV heads
+        qh = (kv[:, None] * G + torch.arange(G, device=q.device)).flatten()  # and their query heads
+        outs.append(attention(q[:, :, qh], k[:, :, kv], v[:, :, kv], k_cmp[:, :, kv], v_cmp[:, :, kv],
+                              sink=None if sink is None else sink[qh], grid_offset=d, **kw))  # [B, T, |qh|, D]
+        order.append(qh)
+    return torch.cat(outs, dim=2)[:, :, torch.argsort(torch.cat(order))]
 
 
 # ------------------------------------------------------------------------------------------------ pooling
@@ -78,7 +116,7 @@ def compressed_attention(
     local_memory: str = "window",
     sink: torch.Tensor | None = None,
     scale: float | None = None,
-    grid_offset: int = 0,
+    grid_offset: int | list[int] = 0,
     query_block: int = 256,
 ) -> torch.Tensor:
     """One softmax per query over its local raw keys, its visible compressed entries and the optional sink.
@@ -86,6 +124,7 @@ def compressed_attention(
     q: [B, T, H, D]; k, v: [B, T, HKV, D] raw keys/values; k_cmp, v_cmp: [B, N, HKV, D] entries;
     sink: [H] logits (value zero) or None. Local raw keys of query t: the `local_window` tokens (t-L, t]
     ("window") or the tokens not covered by a visible entry ("tail"). Returns [B, T, H, D].
+    grid_offset: one d for every head, or one per KV head (then split by `by_grid_offset`).
 
     Two kinds of scores, joined in one softmax per query (GQA: the G query heads of a KV head share its keys, so
     they are laid out next to each other, [B, HKV, T, G, D], and no key is repeated):
@@ -98,6 +137,10 @@ def compressed_attention(
     the raw keys' probabilities come back for one more batched matmul with the raw values. No T x T matrix is
     built: a block costs Tb x (N_visible + R + 1) scores, about N/2 + Tb/2S + R per query.
     """
+    if not isinstance(grid_offset, int):
+        return by_grid_offset(compressed_attention, q, k, v, k_cmp, v_cmp, grid_offset=grid_offset, stride=stride,
+                              local_window=local_window, local_memory=local_memory, sink=sink, scale=scale,
+                              query_block=query_block)
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]
     G = H // HKV

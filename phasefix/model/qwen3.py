@@ -36,12 +36,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, H, D]; pos: [T] integer positions (may be negative)."""
+        """x: [B, T, H, D]; pos: [T] integer positions (may be negative), or [T, H] one per head."""
         if self.width == 0:
             return x
-        freqs = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, width/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [T, width]
-        cos, sin = emb.cos()[None, :, None, :].to(x.dtype), emb.sin()[None, :, None, :].to(x.dtype)
+        freqs = pos.to(torch.float32)[..., None] * self.inv_freq  # [T, width/2] or [T, H, width/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [T, (H,) width]
+        emb = emb[None, :, None, :] if pos.dim() == 1 else emb[None]  # [1, T, 1|H, width]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         keep, rot = x[..., : self.head_dim - self.width], x[..., self.head_dim - self.width:]
         r1, r2 = rot.chunk(2, dim=-1)
         rot = rot * cos + torch.cat([-r2, r1], dim=-1) * sin
@@ -60,11 +61,16 @@ class Compressor(nn.Module):
     of itself and its K-1 predecessors, h'_t = sum_k w_k * h_{t-K+1+k} (per channel; zeros before position 0), one
     mix per compressor shared by the key and value branches, initialised to the identity (w = 1 on the current
     token). It only looks back, so an entry still sees nothing after its window's last token.
+
+    Per-KV-head offsets (`head_offsets`, one grid offset per KV head, default all `grid_offset`): each distinct
+    offset cuts its own windows, pooled with the columns of the payload and gate maps of the heads that have it.
+    Entries are padded with zeros to the most any head has (a head's extra entries are never visible).
     """
 
-    def __init__(self, cfg: ModelConfig, grid_offset: int = 0):
+    def __init__(self, cfg: ModelConfig, grid_offset: int = 0, head_offsets: list[int] | None = None):
         super().__init__()
         self.cfg, self.grid_offset = cfg, grid_offset
+        self.head_offsets = list(head_offsets) if head_offsets is not None else [grid_offset] * cfg.num_kv_heads
         W, C, HKV, D = cfg.window, cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
         gate_width = HKV if cfg.gate == "scalar" else HKV * D
         branches = ("key",) if cfg.tied_kv else ("key", "value")
@@ -94,43 +100,65 @@ class Compressor(nn.Module):
         xp = F.pad(x, (0, 0, K - 1, 0))  # [B, K-1+T, C]: zeros before position 0
         return sum(self.token_shift[k] * xp[:, k : k + T] for k in range(K))
 
-    def windows(self, x: torch.Tensor):
-        """x: [B, T, C] -> the tokens of every window [B, N, W, C] and the mask of filled slots [N, W]."""
-        pos = compression.window_positions(x.shape[1], self.cfg.window, self.cfg.stride, self.grid_offset, x.device)
+    def windows(self, x: torch.Tensor, grid_offset: int | None = None):
+        """x: [B, T, C] -> the tokens of every window [B, N, W, C] and the mask of filled slots [N, W], on the grid
+        of `grid_offset` (the layer's by default)."""
+        d = self.grid_offset if grid_offset is None else grid_offset
+        pos = compression.window_positions(x.shape[1], self.cfg.window, self.cfg.stride, d, x.device)
         filled = pos >= 0
         xw = x[:, pos.clamp(min=0)] * filled[None, :, :, None].to(x.dtype)  # [B, N, W, C]
         return xw, filled
 
-    def branch(self, b: str, xw: torch.Tensor, filled: torch.Tensor):
-        """Payloads [B, N, W, HKV, D] and gate logits [B, N, W, HKV, 1|D] of one branch."""
+    def branch(self, b: str, xw: torch.Tensor, filled: torch.Tensor, heads: list[int] | None = None):
+        """Payloads [B, N, W, HKV, D] and gate logits [B, N, W, HKV, 1|D] of one branch (of the KV heads `heads`
+        only, in that order, when given: HKV is then len(heads))."""
         cfg = self.cfg
         B, N, W, C = xw.shape
-        HKV, D = cfg.num_kv_heads, cfg.head_dim
+        D = cfg.head_dim
+        HKV = cfg.num_kv_heads if heads is None else len(heads)
+
+        def cols(p):  # [W, ..., HKV_all * width] -> the columns of `heads`
+            return p if heads is None else p.unflatten(-1, (cfg.num_kv_heads, -1))[..., heads, :].flatten(-2)
+
         xs = xw.permute(2, 0, 1, 3).reshape(W, B * N, C)  # [W, B*N, C] slot-major for per-slot maps
-        payload = torch.bmm(xs, getattr(self, f"{b}_payload"))  # [W, B*N, HKV*D]
+        payload = torch.bmm(xs, cols(getattr(self, f"{b}_payload")))  # [W, B*N, HKV*D]
         payload = payload.view(W, B, N, HKV, D).permute(1, 2, 0, 3, 4)  # [B, N, W, HKV, D]
         if cfg.gate == "uniform":
             logits = xw.new_zeros(B, N, W, HKV, 1)
         else:
-            logits = torch.bmm(xs, getattr(self, f"{b}_gate"))  # [W, B*N, HKV or HKV*D]
+            logits = torch.bmm(xs, cols(getattr(self, f"{b}_gate")))  # [W, B*N, HKV or HKV*D]
             if cfg.gate_bias:
-                logits = logits + getattr(self, f"{b}_gate_bias")[:, None, :]
+                logits = logits + cols(getattr(self, f"{b}_gate_bias"))[:, None, :]
             logits = logits.view(W, B, N, HKV, -1).permute(1, 2, 0, 3, 4)  # [B, N, W, HKV, 1|D]
-        logits = logits + getattr(self, f"{b}_slot_prior")[None, None, :, :, None]
+        prior = getattr(self, f"{b}_slot_prior")  # [W, HKV_all]
+        logits = logits + (prior if heads is None else prior[:, heads])[None, None, :, :, None]
         logits = logits.masked_fill(~filled[None, :, :, None, None], float("-inf"))
         return payload, logits
 
     def forward(self, x: torch.Tensor, k_norm: nn.Module | None, pool=compression.gated_pool):
         """x: [B, T, C] normed hidden states -> pooled keys, values [B, N, HKV, D] (keys normed, not yet rotated)
-        and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates)."""
-        xw, filled = self.windows(self.shift(x))
-        out, gates = {}, {}
-        for b in self.branches:
-            payload, logits = self.branch(b, xw, filled)
-            if b == "key" and k_norm is not None and self.cfg.post_norm:
-                payload = k_norm(payload)
-            out[b] = pool(payload, logits)
-            gates[b] = torch.softmax(logits.float(), dim=2).mean(-1)
+        and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates; with per-head
+        offsets only the first N' entries, N' the fewest any head has, so that every row is a real window)."""
+        x = self.shift(x)  # [B, T, C]
+        groups = compression.offset_groups(self.head_offsets)  # [(d, KV heads)]
+        N = compression.num_entries(x.shape[1], self.cfg.stride, max(self.head_offsets))
+        out, gates = {b: [] for b in self.branches}, {b: [] for b in self.branches}
+        for d, heads in groups:
+            xw, filled = self.windows(x, d)
+            for b in self.branches:
+                payload, logits = self.branch(b, xw, filled, None if len(groups) == 1 else heads)
+                if b == "key" and k_norm is not None and self.cfg.post_norm:
+                    payload = k_norm(payload)
+                pooled = pool(payload, logits)  # [B, N_d, |heads|, D]
+                out[b].append(F.pad(pooled, (0, 0, 0, 0, 0, N - pooled.shape[1])))  # zero entries, never visible
+                gates[b].append(torch.softmax(logits.float(), dim=2).mean(-1))  # [B, N_d, W, |heads|]
+        if len(groups) == 1:
+            out, gates = {b: o[0] for b, o in out.items()}, {b: g[0] for b, g in gates.items()}
+        else:  # back to head order
+            order = torch.argsort(torch.tensor([h for _, heads in groups for h in heads], device=x.device))
+            n_min = min(g.shape[1] for g in gates[self.branches[0]])
+            out = {b: torch.cat(o, dim=2)[:, :, order] for b, o in out.items()}
+            gates = {b: torch.cat([gi[:, :n_min] for gi in g], dim=3)[..., order] for b, g in gates.items()}
         k_cmp = out["key"]
         if k_norm is not None and not self.cfg.post_norm:
             k_cmp = k_norm(k_cmp)
@@ -149,7 +177,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rope = RotaryEmbedding(D, cfg.rope_width, cfg.rope_theta)
-        self.compressor = Compressor(cfg, cfg.grid_offset(layer)) if cfg.compressed else None
+        self.compressor = Compressor(cfg, cfg.grid_offset(layer), cfg.head_grid_offsets(layer)) \
+            if cfg.compressed else None
         self.sink = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None
         self.last_gates: dict | None = None  # filled when the model runs with collect_gates=True
 
@@ -169,13 +198,15 @@ class Attention(nn.Module):
         else:
             ops = _ops(cfg.attn_impl, x.device)
             k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
-            off = self.compressor.grid_offset
+            offs = self.compressor.head_offsets  # one grid offset per KV head
+            off = offs[0] if len(set(offs)) == 1 else offs
             k_cmp = self.rope(k_cmp, compression.entry_positions(k_cmp.shape[1], cfg.stride, off, x.device))
             v_cmp = k_cmp if cfg.tied_kv else v_cmp
             self.last_gates = gates if collect_gates else None
-            y = ops.compressed_attention(q, k, v, k_cmp, v_cmp, stride=cfg.stride, local_window=cfg.local_window,
-                                         local_memory=cfg.local_memory, sink=self.sink, grid_offset=off,
-                                         query_block=cfg.query_block)
+            y = compression.by_grid_offset(ops.compressed_attention, q, k, v, k_cmp, v_cmp, grid_offset=off,
+                                           stride=cfg.stride, local_window=cfg.local_window,
+                                           local_memory=cfg.local_memory, sink=self.sink,
+                                           query_block=cfg.query_block)
         return self.o_proj(y.reshape(B, T, -1))
 
 
