@@ -38,17 +38,20 @@ def visibility(T: int, N: int, stride: int, local_window: int = 16, local_memory
 
 def naive_compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window=16, local_memory="window", sink=None,
                                scale=None, grid_offset=0, query_block=256):
-    """Same contract as `kernels.compressed_attention`, computed densely: q [B,T,H,D] -> [B,T,H,D]."""
+    """Same contract as `kernels.compressed_attention`, computed densely: q [B,T,H,D] -> [B,T,H,D].
+    grid_offset: one int, or one per KV head (each KV head and its query heads then see their own grid)."""
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]
     G = H // HKV
     acc = _acc(q.dtype)
     scale = D ** -0.5 if scale is None else scale
-    raw, cmp = visibility(T, N, stride, local_window, local_memory, grid_offset, q.device)
+    offsets = [grid_offset] * HKV if isinstance(grid_offset, int) else [int(d) for d in grid_offset]
+    mask = torch.stack([torch.cat(visibility(T, N, stride, local_window, local_memory, d, q.device), dim=1)
+                        for d in offsets]).repeat_interleave(G, dim=0)  # [H, T, T+N]
     keys = torch.cat([k, k_cmp], dim=1).to(acc).repeat_interleave(G, dim=2)  # [B, T+N, H, D]
     vals = torch.cat([v, v_cmp], dim=1).to(acc).repeat_interleave(G, dim=2)  # [B, T+N, H, D]
     s = torch.einsum("bthd,bshd->bhts", q.to(acc), keys) * scale  # [B, H, T, T+N]
-    s = s.masked_fill(~torch.cat([raw, cmp], dim=1), float("-inf"))
+    s = s.masked_fill(~mask[None], float("-inf"))
     if sink is not None:
         s = torch.cat([s, sink.to(acc).view(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
     p = torch.softmax(s, dim=-1)[..., : T + N]  # the sink's value is zero

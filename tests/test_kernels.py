@@ -178,6 +178,50 @@ def test_reference_matches_oracle_float64():
                                    naive_compressed_attention(q, k, v, kc, vc, **kw), atol=1e-12, rtol=1e-12)
 
 
+HEAD_OFFSET_CASES = {  # one grid offset per KV head: the model splits the call by offset (`by_grid_offset`)
+    "window-T37-S4-H8-HKV4-1013-sink-f64": dict(T=37, H=8, HKV=4, S=4, L=6, mode="window", offs=[1, 0, 1, 3],
+                                                sink=True, dtype=torch.float64),
+    "tail-T63-S4-H4-HKV2-spread-f32": dict(T=63, H=4, HKV=2, S=4, L=16, mode="tail", offs=[0, 2], sink=False,
+                                           dtype=torch.float32),
+    "tail-T63-S6-H6-HKV3-502-sink-f64": dict(T=63, H=6, HKV=3, S=6, L=16, mode="tail", offs=[5, 0, 2], sink=True,
+                                             dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("case", HEAD_OFFSET_CASES.values(), ids=HEAD_OFFSET_CASES.keys())
+def test_per_head_offsets_match_oracle(case):
+    """Per-KV-head grid offsets (model.head_offsets): the kernel, called once per offset through
+    `compression.by_grid_offset`, and the reference (which accepts the list itself) against the dense oracle, whose
+    visibility is per head; values and gradients."""
+    import functools
+
+    dtype, offs = case["dtype"], case["offs"]
+    N = ref.num_entries(case["T"], case["S"], max(offs))  # the most entries any head has
+    q, k, v, _, _, sink = _attn_inputs(case["T"], case["H"], case["HKV"], case["S"], 0, case["sink"], dtype)
+    g = torch.Generator().manual_seed(3)
+    kc, vc = (torch.randn(1, N, case["HKV"], 16, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+              for _ in range(2))
+    wrt = [x for x in (q, k, v, kc, vc, sink) if x is not None]
+    kw = dict(stride=case["S"], local_window=case["L"], local_memory=case["mode"])
+    tri = functools.partial(ka.compressed_attention_, block_m=16, block_n=16)
+    out = ref.by_grid_offset(tri, q, k, v, kc, vc, sink=sink, grid_offset=offs, **kw)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, wrt, do)
+    x64 = [x.detach().double().requires_grad_() for x in wrt]
+    s64 = x64[5] if sink is not None else None
+    exp = naive_compressed_attention(*x64[:5], sink=s64, grid_offset=offs, **kw)
+    exp_grads = torch.autograd.grad(exp, x64, do.double())
+    _close(out, exp.to(dtype), dtype, "kernel output")
+    for n, a, b in zip(["q", "k", "v", "k_cmp", "v_cmp", "sink"], grads, exp_grads):
+        _close(a, b.to(dtype), dtype, f"kernel d{n}")
+    # the reference path, in float64, with the list passed straight in
+    got = ref.compressed_attention(*x64[:5], sink=s64, grid_offset=offs, **kw, query_block=16)
+    got_grads = torch.autograd.grad(got, x64, do.double())
+    torch.testing.assert_close(got, exp, atol=1e-12, rtol=1e-12)
+    for n, a, b in zip(["q", "k", "v", "k_cmp", "v_cmp", "sink"], got_grads, exp_grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12, msg=lambda m, n=n: f"reference d{n}: {m}")
+
+
 def test_bad_arguments_raise():
     q, k, v, kc, vc, _ = _attn_inputs(T=8, H=3, HKV=2, S=4, goff=0, sink=False, dtype=torch.float32)
     with pytest.raises(ValueError, match="multiple"):
@@ -187,20 +231,31 @@ def test_bad_arguments_raise():
         kernels.compressed_attention(q, k, v, kc, vc, stride=4, grid_offset=4)
     with pytest.raises(ValueError, match="local_memory"):
         kernels.compressed_attention(q, k, v, kc, vc, stride=4, local_memory="band")
+    with pytest.raises(ValueError, match=r"model\.head_offsets"):
+        kernels.compressed_attention(q, k, v, kc, vc, stride=4, grid_offset=[0, 2])
     with pytest.raises(ValueError, match="gate_logits"):
         kernels.gated_pool(torch.zeros(1, 2, 4, 1, 8), torch.zeros(1, 2, 4, 1, 3))
 
 
 # ------------------------------------------------------------------------------------------------ integration
-def test_model_triton_path_matches_torch_path():
-    """A tiny CompressedQwen3 (W8/S4 vector gates, tail, sink, grid offset) gives the same logits and gradients
-    with attn_impl='triton' (interpreted kernels) as with the reference path."""
+MODEL_CASES = {
+    "w8s4-vector-tail-sink-offset": dict(window=8, stride=4, gate="vector", local_memory="tail",
+                                         attention_sink=True, grid_offsets=[1]),
+    # the bridges of issue 16: token shift (before pooling) and per-head offsets (one kernel call per offset)
+    "w5s4-shift2-spread-tail-sink": dict(window=5, stride=4, token_shift=2, head_offsets="spread",
+                                         local_memory="tail", attention_sink=True, grid_offsets=[3]),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_CASES.values(), ids=MODEL_CASES.keys())
+def test_model_triton_path_matches_torch_path(case):
+    """A tiny CompressedQwen3 gives the same logits and gradients with attn_impl='triton' (interpreted kernels) as
+    with the reference path."""
     from phasefix.model.config import ModelConfig
     from phasefix.model.qwen3 import CompressedQwen3
 
     cfg = dict(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-               intermediate_size=64, window=8, stride=4, gate="vector", local_memory="tail", attention_sink=True,
-               grid_offsets=[1])
+               intermediate_size=64, **case)
     torch.manual_seed(0)
     m_ref = CompressedQwen3(ModelConfig(**cfg, attn_impl="torch")).double()
     m_tri = CompressedQwen3(ModelConfig(**cfg, attn_impl="triton")).double()
