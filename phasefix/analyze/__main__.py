@@ -1,6 +1,8 @@
 """`python -m phasefix.analyze TOOL run=<MLflow run id | run output dir | .ckpt> [key=value ...]`
 
 Tools (science.md §5, docs/mechanism.md): knockout, gates, cycle, period, confusions. Options (key=value):
+(`gates model=<HF DeepSeek-V4 dir | phasefix run>` and `audit model=...`: the phase audit from the weights,
+docs/deepseek_v4.md; `python -m phasefix.analyze audit --help` lists its options)
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ def usage() -> str:
 
 def analyze(tool: str, args: Sequence[str]) -> dict:
     """Run one tool; returns its results per padding. Raises ConfigError on bad input."""
+    from phasefix.analyze import audit
+
+    if audit.wants_audit(tool, args):  # the weights-only phase audit (its own options)
+        return audit.main(tool, list(args))
     if tool not in TOOLS:
         raise ConfigError(f"tool={tool!r} is invalid: allowed values are {', '.join(TOOLS)}")
     opts = parse_options(args)
@@ -36,6 +42,11 @@ def analyze(tool: str, args: Sequence[str]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "audit" and argv[1] in ("-h", "--help"):
+        from phasefix.analyze.audit import usage as audit_usage
+
+        print(audit_usage())
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2

@@ -1,0 +1,774 @@
+"""Phase audit from the weights (issue 22; docs/deepseek_v4.md): which phases a compressed model will be weak at,
+predicted per compressor from its slot biases alone, optionally calibrated on prompts, and checked against the
+measured accuracy curve.
+
+    python -m phasefix.analyze gates model=<HF DeepSeek-V4 dir | phasefix run> [period=24] [calibrate=true]
+    python -m phasefix.analyze audit model=<...> [task=kv_lookup|needle] [...]   # prediction + evaluate + comparison
+
+Vocabulary (science.md §2-§3). A compressor pools each window of W slots into one entry; slot i of a window holds a
+token whose phase t mod S it fixes. The gate logit of slot i on channel c is content + bias, z_{i,c} = Z_i x + b_{i,c};
+the weights-only prediction drops the content term:
+
+    a0[i, c] = softmax_i b[i, c]                       the bias-only gate, per channel         [W, Ch]
+    m(p)     = mean_c sum_{i: phase(i) = p} a0[i, c]   phase mass (sums to 1; uniform: 1/S)    [S]
+    eff      = mean_c exp(H(a0[:, c]))                 effective slots (W: no preference, 1: one slot)
+    trust    = rms_c std_i b[i, c] / rms_{i,c} sigma[i, c],  sigma[i, c] = ||g * Z_i[:, c]||_2
+             the bias spread over slots against the typical size of the content term for an input x = g * u,
+             u with unit-RMS i.i.d. coordinates and g the layer's input-norm weight (the compressor reads the normed
+             hidden state). trust >> 1: the bias decides the gate and a0 is what the model does; trust << 1: the
+             content decides and a0 is a weak prior (calibrate=true measures E[a] instead).
+
+A token whose phase gets little mass is written weakly into every entry that holds it: the predicted weak phase is
+argmin_p m(p). Folding to the evaluation period P (accuracy is measured by residue r = t mod P): with
+g = gcd(S, P), residue r fixes t mod g and nothing finer, and over target positions spread over lcm(S, P) tokens each
+of the S/g slots of class r mod g is equally likely, so m_P(r) = (g/P) * sum_{p = r (mod g)} m(p). For CSA (S = 4,
+P = 24) that is m(r mod 4)/6; for HCA (S = 128, P = 24, g = 8) only the mass of each slot class mod 8 is visible:
+an HCA layer can only make a mod-8 pattern in a mod-24 curve (DeepSeek-V4's published curves are by t mod 8).
+The model's prediction is the mean of m_P over its main compressors (CSA and HCA; the indexer's compressor only
+ranks entries, `include=all` adds it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from phasefix.errors import ConfigError, check, check_choice
+
+KINDS = ("csa", "indexer", "hca", "key", "value")  # DeepSeek-V4 compressors; phasefix branches
+INCLUDE = ("main", "all")
+TASKS = ("kv_lookup", "needle")
+
+# key -> (default, parser, help)
+OPTIONS: dict[str, tuple] = {
+    "model": (None, str, "a Hugging Face DeepSeek-V4 directory, or a phasefix run (MLflow run id, output dir, .ckpt)"),
+    "period": (None, int, "evaluation period P the phase mass is folded to (default 24; a phasefix run: its own)"),
+    "include": ("main", str, "compressors in the model's prediction: main (CSA, HCA; phasefix key+value) or all"),
+    "calibrate": (False, bool, "also measure E[a] with hooked forward passes over the phase-controlled prompts"),
+    "per_residue": (4, int, "prompts per residue group (calibration; audit: the evaluation)"),
+    "max_prompts": (96, int, "calibration: prompts the gate statistics average over"),
+    "batch_size": (8, int, "prompts per forward pass"),
+    "seed": (0, int, "prompt seed"),
+    "task": ("kv_lookup", str, "audit: kv_lookup or needle"),
+    "padding": ("prefix", str, "audit: prefix, in_sequence or both"),
+    "n_boot": (200, int, "audit: cluster-bootstrap replicates of the evaluation"),
+    "max_length": (None, int, "audit/calibration (Hugging Face): prompt length in tokens"),
+    "which": ("last", str, "checkpoint of a phasefix run: last or best"),
+    "device": (None, str, "cuda if available, else cpu"),
+    "dtype": ("float32", str, "float32, bfloat16 or float16 (forward passes)"),
+    "tracking_uri": (None, str, "MLflow tracking URI (default: MLFLOW_TRACKING_URI or the project's)"),
+    "experiment": ("phasefix", str, "MLflow experiment"),
+    "run_name": (None, str, "MLflow run name"),
+    "log": (True, bool, "create an MLflow run with the metrics, CSV and figures"),
+    "out": (None, str, "output directory (default outputs/<date>/<time>-<tool>-<model>)"),
+    "threads": (None, int, "torch threads"),
+    "progress": (False, bool, "progress bars in the evaluation"),
+}
+
+
+def _parse_bool(v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(v)
+
+
+def parse_options(args: Sequence[str], tool: str = "gates") -> dict:
+    opts = {k: d for k, (d, _, _) in OPTIONS.items()}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise ConfigError(f"argument {arg!r} is invalid: expected key=value with key in {', '.join(OPTIONS)}")
+        if key not in OPTIONS:
+            raise ConfigError(f"{key} is not an option of analyze {tool} model=: allowed keys are "
+                              f"{', '.join(OPTIONS)}")
+        kind = OPTIONS[key][1]
+        try:
+            opts[key] = _parse_bool(value) if kind is bool else kind(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} is invalid: must be {kind.__name__}") from None
+    check(opts["model"] not in (None, ""), "model", opts["model"],
+          "is required: a Hugging Face DeepSeek-V4 directory or a phasefix run (run id, output directory, .ckpt)")
+    check_choice("include", opts["include"], INCLUDE)
+    check_choice("task", opts["task"], TASKS)
+    check_choice("padding", opts["padding"], ("prefix", "in_sequence", "both"))
+    check_choice("which", opts["which"], ("last", "best"))
+    check_choice("dtype", opts["dtype"], ("float32", "bfloat16", "float16"))
+    for key in ("per_residue", "max_prompts", "batch_size", "n_boot"):
+        check(opts[key] >= 1, key, opts[key], "must be an integer >= 1")
+    check(opts["period"] is None or opts["period"] >= 1, "period", opts["period"], "must be an integer >= 1")
+    return opts
+
+
+# ------------------------------------------------------------------------------------------------ gate biases
+@dataclasses.dataclass
+class GateBias:
+    """One compressor's (or one phasefix KV head's) slot biases, read from the weights.
+
+    bias [W, Ch]: the additive gate logit of slot i on channel c; phase [W, Ch]: the phase (t mod S) of the token
+    slot i holds; content [W, Ch]: sigma[i, c], the std of the content term for unit-RMS input (None: unknown)."""
+
+    name: str  # "L3/csa", "L3/indexer", "L1/hca"; phasefix "L0/key/h1"
+    layer: int
+    kind: str
+    stride: int  # S: the phase period of this compressor
+    bias: torch.Tensor
+    phase: torch.Tensor
+    content: torch.Tensor | None = None
+    main: bool = True  # counts toward the model's prediction with include=main
+
+    @property
+    def window(self) -> int:
+        return self.bias.shape[0]
+
+
+def _row_norms(weight: torch.Tensor, norm_weight: torch.Tensor | None) -> torch.Tensor:
+    """||g * w_c||_2 for every row c of a [out, C] map: the std of (W x)_c for x = g * u, u unit-RMS i.i.d."""
+    w = weight.float()
+    if norm_weight is not None:
+        w = w * norm_weight.float()[None, :]
+    return w.norm(dim=1)
+
+
+def hf_gate_biases(tensors: Mapping[str, torch.Tensor], config) -> list[GateBias]:
+    """The slot biases of every DeepSeek-V4 compressor from its tensors, named as transformers names them without
+    the `model.` prefix (`layers.{i}.self_attn.compressor[.indexer].position_bias`, `...gate_proj.weight`,
+    `layers.{i}.input_layernorm.weight`; `normalise_name` maps the original checkpoints' names).
+
+    CSA / indexer: position_bias [S, 2D]; slot i < S (block w-1) uses row i of the first half, slot S + i (block w)
+    row i of the second half, both at phase i -> bias [2S, D]. HCA: position_bias [S, D], slot i at phase i."""
+    out = []
+    rates = config.compress_rates
+    for layer, layer_type in enumerate(config.layer_types):
+        if layer_type == "sliding_attention":
+            continue
+        p = f"layers.{layer}.self_attn.compressor."
+        g = tensors.get(f"layers.{layer}.input_layernorm.weight")
+        parts = [("csa", p, config.head_dim), ("indexer", p + "indexer.", config.index_head_dim)] \
+            if layer_type == "compressed_sparse_attention" else [("hca", p, config.head_dim)]
+        for kind, prefix, D in parts:
+            S = int(rates[layer_type])
+            if prefix + "position_bias" not in tensors:
+                raise ConfigError(f"model={prefix + 'position_bias'!r} is invalid: the checkpoint has no slot bias for "
+                                  f"layer {layer} ({layer_type})")
+            b = tensors[prefix + "position_bias"].float()  # [S, 2D] or [S, D]
+            gate = tensors.get(prefix + "gate_proj.weight")
+            sigma = None if gate is None else _row_norms(gate, g)  # [2D] or [D]
+            if kind == "hca":
+                bias, phase = b, torch.arange(S)[:, None].expand(S, D)
+                content = None if sigma is None else sigma[None, :].expand(S, D)
+            else:
+                bias = torch.cat([b[:, :D], b[:, D:]], dim=0)  # [2S, D]
+                phase = (torch.arange(2 * S) % S)[:, None].expand(2 * S, D)
+                content = None if sigma is None else torch.cat([sigma[None, :D].expand(S, D),
+                                                                sigma[None, D:].expand(S, D)], dim=0)
+            out.append(GateBias(f"L{layer}/{kind}", layer, kind, S, bias, phase.clone(),
+                                None if content is None else content.clone(), main=kind != "indexer"))
+    return out
+
+
+def phasefix_gate_biases(model) -> list[GateBias]:
+    """The slot biases of a phasefix model, per layer, branch and KV head: gate bias + slot prior, [W, channels of
+    that head] (1 channel for scalar gates, D for vector gates). Slot i of head h with grid offset d_h holds phase
+    (i - W - d_h) mod S."""
+    cfg = model.config
+    W, S, HKV = cfg.window, cfg.stride, cfg.num_kv_heads
+    out = []
+    for layer, block in enumerate(model.layers):
+        comp = block.attn.compressor
+        if comp is None or cfg.gate == "uniform":
+            continue
+        offsets = list(getattr(comp, "head_offsets", None) or [comp.grid_offset] * HKV)
+        g = block.input_norm.weight.detach()
+        for b in comp.branches:
+            gate = getattr(comp, f"{b}_gate").detach().float()  # [W, C, HKV * width]
+            width = gate.shape[-1] // HKV
+            bias = getattr(comp, f"{b}_gate_bias", None)
+            bias = torch.zeros(W, HKV * width) if bias is None else bias.detach().float()  # [W, HKV * width]
+            prior = getattr(comp, f"{b}_slot_prior").detach().float()  # [W, HKV]
+            sigma = (gate * g.float()[None, :, None]).norm(dim=1)  # [W, HKV * width]
+            for h in range(HKV):
+                cols = slice(h * width, (h + 1) * width)
+                phase = ((torch.arange(W) - W - offsets[h]) % S)[:, None].expand(W, width)
+                out.append(GateBias(f"L{layer}/{b}/h{h}", layer, b, S, bias[:, cols] + prior[:, h:h + 1],
+                                    phase.clone(), sigma[:, cols].clone()))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ prediction
+def fold(mass: np.ndarray, period: int) -> np.ndarray:
+    """Phase mass m [S] -> mass by residue r = t mod P [P]: m_P(r) = (g/P) sum_{p = r mod g} m(p), g = gcd(S, P)."""
+    S = len(mass)
+    g = math.gcd(S, period)
+    by_class = np.array([mass[q::g].sum() for q in range(g)])  # [g]
+    return by_class[np.arange(period) % g] * g / period
+
+
+def phase_stats(a: torch.Tensor, phase: torch.Tensor, stride: int, period: int) -> dict:
+    """Statistics of a slot distribution per channel, a [W, Ch] (columns sum to 1), slots at `phase` [W, Ch]."""
+    a = a.double()
+    Ch = a.shape[1]
+    mass = torch.zeros(stride, dtype=torch.float64).index_add_(0, phase.reshape(-1), a.reshape(-1)) / Ch  # [S]
+    ent = -torch.special.xlogy(a, a).sum(0)  # [Ch]
+    pref = phase.gather(0, a.argmax(0, keepdim=True))[0]  # [Ch] the phase of each channel's preferred slot
+    m = mass.numpy()
+    g = math.gcd(stride, period)
+    return {"mass": m, "mass_period": fold(m, period), "eff_slots": float(ent.exp().mean()),
+            "eff_static": float(torch.exp(-torch.special.xlogy(a.mean(1), a.mean(1)).sum())),
+            "channels_by_phase": np.bincount(pref.numpy(), minlength=stride),
+            "weak_phase": int(m.argmin()), "weak_class": int(fold(m, g).argmin()), "class_period": g,
+            "depth": float(m.min() * stride)}  # 1: uniform, 0: the weak phase gets nothing
+
+
+def predict(gb: GateBias, period: int) -> dict:
+    """The weights-only prediction of one compressor: phase_stats of a0 = softmax over slots of the bias, and the
+    trust figure (bias spread over slots against the content term's scale)."""
+    a0 = torch.softmax(gb.bias.double(), dim=0)  # [W, Ch]
+    out = phase_stats(a0, gb.phase, gb.stride, period)
+    spread = float(gb.bias.double().std(dim=0, unbiased=False).pow(2).mean().sqrt())  # rms_c std_i b
+    content = float("nan") if gb.content is None else float(gb.content.double().pow(2).mean().sqrt())
+    out.update(bias_spread=spread, content_scale=content,
+               trust=spread / content if content and content == content else float("nan"), a=a0.float())
+    return out
+
+
+def model_prediction(biases: Sequence[GateBias], stats: Sequence[dict], period: int, include: str = "main") -> dict:
+    """The model's mass by residue (mean of m_P over the chosen compressors), its weak residue, and the same folded
+    to the model's phase period s = gcd(P, every chosen stride) (4 for DeepSeek-V4 at P = 24)."""
+    chosen = [s for gb, s in zip(biases, stats) if include == "all" or gb.main]
+    if not chosen:
+        raise ConfigError("model=... is invalid: it has no compressor with slot biases to audit")
+    M = np.mean([s["mass_period"] for s in chosen], axis=0)  # [P]
+    s_period = period
+    for gb in biases:
+        if include == "all" or gb.main:
+            s_period = math.gcd(s_period, gb.stride)
+    by_phase = np.array([M[q::s_period].sum() for q in range(s_period)])  # [s]
+    return {"mass_period": M, "weak_residue": int(M.argmin()), "mass_phase": by_phase, "phase_period": s_period,
+            "weak_phase": int(by_phase.argmin()), "depth": float(by_phase.min() * s_period),
+            "compressors": len(chosen)}
+
+
+def pearson(x, y) -> float:
+    """Pearson correlation, nan when either side is constant or has fewer than 3 finite points."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+# ------------------------------------------------------------------------------------------------ loading
+RENAMES = [  # original DeepSeek-V4 checkpoint names -> transformers' (the part of its conversion mapping we read)
+    (r"\.attn\.", ".self_attn."), (r"\.indexer\.compressor\.", ".compressor.indexer."), (r"\.ape$", ".position_bias"),
+    (r"\.wgate\.", ".gate_proj."), (r"\.wkv\.", ".kv_proj."), (r"\.attn_norm\.", ".input_layernorm."),
+]
+NEEDED = re.compile(r"^layers\.\d+\.(self_attn\.compressor\.(indexer\.)?(position_bias|gate_proj\.weight)"
+                    r"|input_layernorm\.weight)$")
+
+
+def normalise_name(name: str) -> str:
+    name = name[len("model."):] if name.startswith("model.") else name
+    for pattern, repl in RENAMES:
+        name = re.sub(pattern, repl, name)
+    return name
+
+
+def _dequantise(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """FP8 weights with a block scale (one per 128 x 128 block) -> float32; other dtypes just upcast."""
+    if scale is None or w.element_size() > 1:
+        return w.float()
+    bs0, bs1 = -(-w.shape[0] // scale.shape[0]), -(-w.shape[1] // scale.shape[1])
+    s = scale.float().repeat_interleave(bs0, 0)[: w.shape[0]].repeat_interleave(bs1, 1)[:, : w.shape[1]]
+    return w.float() * s
+
+
+def read_compressor_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Only the tensors the audit reads (slot biases, gate maps, input norms), from the safetensors shards of a
+    Hugging Face directory, without loading the model (a few hundred MB for the real DeepSeek-V4)."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model={str(path)!r} is invalid: no *.safetensors files in the directory")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            names = list(st.keys())
+            for name in names:
+                key = normalise_name(name)
+                if not NEEDED.match(key):
+                    continue
+                w = st.get_tensor(name)
+                scale = None
+                for s_name in (name + "_scale_inv", name[: -len("weight")] + "scale" if name.endswith("weight") else ""):
+                    if s_name and s_name in names:
+                        scale = st.get_tensor(s_name)
+                out[key] = _dequantise(w, scale)
+    return out
+
+
+def state_tensors(hf_model) -> dict[str, torch.Tensor]:
+    """The audit's tensors from a loaded transformers model."""
+    return {k: v.detach() for name, v in hf_model.state_dict().items() if NEEDED.match(k := normalise_name(name))}
+
+
+@dataclasses.dataclass
+class Source:
+    """What is audited: a DeepSeek-V4 checkpoint ('hf') or a phasefix run ('phasefix')."""
+
+    kind: str
+    name: str
+    spec: str
+    biases: list[GateBias]
+    period: int
+    hf_config: object = None
+    ctx: object = None  # phasefix RunContext
+
+
+def hf_config_of(path: Path):
+    cfg_file = path / "config.json"
+    model_type = json.loads(cfg_file.read_text()).get("model_type")
+    check(model_type == "deepseek_v4", "model", str(path),
+          f"has model_type={model_type!r}: the weights-only audit reads 'deepseek_v4' checkpoints (any causal LM: "
+          "phasefix.evaluate)")
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config.from_pretrained(path)
+
+
+def load_source(opts: dict) -> Source:
+    spec = str(opts["model"])
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        cfg = hf_config_of(path)
+        biases = hf_gate_biases(read_compressor_tensors(path), cfg)
+        return Source("hf", path.resolve().name, str(path.resolve()), biases, opts["period"] or 24, hf_config=cfg)
+    from phasefix.analyze import load_run
+    from phasefix.analyze.gates import check_gated
+
+    try:
+        ctx = load_run(spec, opts["tracking_uri"], opts["which"])
+    except ConfigError:
+        raise
+    except Exception as e:  # an unresolvable id or path
+        raise ConfigError(f"model={spec!r} is invalid: not a DeepSeek-V4 directory (with config.json) nor a phasefix "
+                          f"run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    check_gated(ctx.config)
+    return Source("phasefix", str(ctx.config.name), spec, phasefix_gate_biases(ctx.model),
+                  opts["period"] or ctx.period, ctx=ctx)
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+@torch.no_grad()
+def hf_gate_means(hf_model, batches) -> dict[str, torch.Tensor]:
+    """E[a] [W, Ch] of every DeepSeek-V4 compressor over the prompts (`batches` of input ids [B, T]) and complete
+    windows: forward hooks read gate_proj's output z [B, T, width]; the gate is rebuilt as the compressor builds
+    it, softmax over slots of z + position_bias (CSA windows without their previous block are left out)."""
+    from phasefix.model.deepseek_v4 import compressors
+
+    sums: dict[str, list] = {}
+    hooks = []
+    for layer, kind, mod in compressors(hf_model):
+        name = f"L{layer}/{kind}"
+
+        def hook(m, inputs, z, name=name, kind=kind):
+            S, D = m.compress_rate, m.head_dim
+            B, T, _ = z.shape
+            N = T // S
+            if N < (2 if kind != "hca" else 1):
+                return
+            z = z[:, : N * S].float().view(B, N, S, -1) + m.position_bias.float()  # [B, N, S, width]
+            if kind == "hca":
+                logits = z  # [B, N, S, D]
+            else:  # entry w: block w-1's first half, block w's second half
+                logits = torch.cat([z[:, :-1, :, :D], z[:, 1:, :, D:]], dim=2)  # [B, N-1, 2S, D]
+            a = torch.softmax(logits, dim=2)
+            s = sums.setdefault(name, [0.0, 0])
+            s[0] = s[0] + a.sum(dim=(0, 1)).double()
+            s[1] += a.shape[0] * a.shape[1]
+
+        hooks.append(mod.gate_proj.register_forward_hook(hook))
+    device = next(hf_model.parameters()).device
+    try:
+        for ids in batches:
+            hf_model(input_ids=ids.to(device), use_cache=False, logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {name: (s / n).float().cpu() for name, (s, n) in sums.items()}
+
+
+def calibrate(source: Source, opts: dict) -> dict[str, torch.Tensor]:
+    """E[a] [W, Ch] per audited compressor (names as `GateBias.name`) from hooked forward passes over the
+    phase-controlled prompts."""
+    n_max = opts["max_prompts"]
+    if source.kind == "phasefix":
+        from phasefix.analyze import eval_set
+        from phasefix.analyze.gates import gate_statistics
+
+        ctx = source.ctx
+        ds = eval_set(ctx, "prefix", opts["per_residue"], opts["seed"])
+        stats = gate_statistics(ctx.model, ds, opts["batch_size"], n_max)
+        out = {}
+        for layer, branches in enumerate(stats):
+            for b, s in branches.items():
+                for h, P in enumerate(s["static"]):  # [W]: averaged over channels already
+                    out[f"L{layer}/{b}/h{h}"] = P[:, None]
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from phasefix.text_prompts import TextPhaseSet
+
+    path = Path(source.spec)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"calibrate=true is invalid for model={str(path)!r}: no tokenizer in the directory "
+                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    device = opts["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, opts["dtype"])).to(device).eval()
+    kw = {"max_length": opts["max_length"]} if opts["max_length"] else {}
+    prompts = TextPhaseSet(tok, "kv_lookup", "prefix", period=source.period, per_residue=opts["per_residue"],
+                           seed=opts["seed"], **kw)
+
+    def batches():
+        seen = 0
+        for batch in prompts.batches(opts["batch_size"]):
+            ids = torch.from_numpy(batch["input_ids"])[: n_max - seen]
+            if ids.shape[0] == 0:
+                return
+            seen += ids.shape[0]
+            yield ids
+
+    return hf_gate_means(model, batches())
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+def heatmap(rows: Sequence[tuple[str, np.ndarray]], period: int, title: str = "", measured: np.ndarray | None = None):
+    """Phase mass by residue relative to uniform (P * m_P(r): 1 = no preference, 0 = starved), one row per
+    compressor and the model's mean last; with `measured`, the accuracy curve under it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    data = np.array([r * period for _, r in rows])  # [n, P]
+    n = len(rows)
+    extra = measured is not None
+    fig = Figure(figsize=(1.5 + 0.36 * period, 1.2 + 0.24 * n + (1.6 if extra else 0)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2 if extra else 1, 1, squeeze=False, height_ratios=[max(1, 0.24 * n), 1.4] if extra else None)
+    ax = axes[0, 0]
+    span = max(1e-6, float(np.nanmax(np.abs(data - 1))))
+    im = ax.imshow(data, cmap="RdBu", vmin=1 - span, vmax=1 + span, aspect="auto", interpolation="nearest")
+    ax.set_yticks(range(n), [name for name, _ in rows], fontsize=7)
+    ax.set_xticks(range(period))
+    ax.set_xlabel(f"residue t mod {period}")
+    fig.colorbar(im, ax=ax, label="phase mass x P (1 = uniform)", shrink=0.9)
+    ax.set_title(title or "predicted phase mass (bias-only gate)", fontsize=9)
+    if extra:
+        ax2 = axes[1, 0]
+        ax2.plot(range(period), measured, marker="o", ms=3, label="measured accuracy")
+        ax2.set_ylabel("accuracy")
+        ax2.set_xlim(-0.5, period - 0.5)
+        ax2.set_xticks(range(period))
+        twin = ax2.twinx()
+        twin.plot(range(period), data[-1], color="tab:red", ls="--", marker="s", ms=2.5, label="predicted mass x P")
+        twin.set_ylabel("predicted mass x P", color="tab:red")
+        ax2.set_xlabel(f"residue t mod {period}")
+    return fig
+
+
+def csv_rows(biases: Sequence[GateBias], stats: Sequence[dict], period: int, source: str = "weights") -> list[str]:
+    head = ("compressor,layer,kind,source,stride,window,channels,main,eff_slots,eff_static,bias_spread,content_scale,"
+            "trust,weak_phase,weak_class,class_period,depth,mass_by_phase,channels_by_phase,"
+            + ",".join(f"m_r{r}" for r in range(period)))
+    rows = [head]
+    for gb, s in zip(biases, stats):
+        rows.append(",".join(str(x) for x in [
+            gb.name, gb.layer, gb.kind, source, gb.stride, gb.window, gb.bias.shape[1], int(gb.main),
+            f"{s['eff_slots']:.4f}", f"{s['eff_static']:.4f}", f"{s.get('bias_spread', float('nan')):.4f}",
+            f"{s.get('content_scale', float('nan')):.4f}", f"{s.get('trust', float('nan')):.4f}", s["weak_phase"],
+            s["weak_class"], s["class_period"], f"{s['depth']:.4f}", ";".join(f"{x:.5f}" for x in s["mass"]),
+            ";".join(str(int(x)) for x in s["channels_by_phase"])] + [f"{x:.6f}" for x in s["mass_period"]]))
+    return rows
+
+
+def _short(m: np.ndarray, k: int = 8) -> str:
+    """The first k numbers of a mass curve x its length (1 = uniform)."""
+    n = len(m)
+    vals = " ".join(f"{x * n:.2f}" for x in m[:k])
+    return vals + (f" ... ({n})" if n > k else "")
+
+
+def table(biases: Sequence[GateBias], stats: Sequence[dict]) -> str:
+    lines = [f"{'compressor':<14}{'S':>5}{'W':>5}{'eff':>8}{'trust':>8}{'weak':>6}{'class':>7}{'depth':>7}"
+             "  mass by phase x S (1 = uniform)            channels by preferred phase"]
+    for gb, s in zip(biases, stats):
+        cls = f"{s['weak_class']}/{s['class_period']}"
+        chans = s["channels_by_phase"]
+        chan = " ".join(str(int(x)) for x in chans[:8]) + (" ..." if len(chans) > 8 else "")
+        lines.append(f"{gb.name:<14}{gb.stride:>5}{gb.window:>5}{s['eff_slots']:>8.2f}{s.get('trust', float('nan')):>8.3f}"
+                     f"{s['weak_phase']:>6}{cls:>7}{s['depth']:>7.2f}  {_short(s['mass']):<42} {chan}")
+    return "\n".join(lines)
+
+
+def output_dir(opts: dict, tool: str, name: str) -> Path:
+    from phasefix.paths import OUTPUTS_DIR
+
+    if opts["out"]:
+        out = Path(opts["out"]).expanduser()
+    else:
+        now = datetime.now()
+        out = OUTPUTS_DIR / now.strftime("%Y-%m-%d") / f"{now:%H%M%S}-{tool}-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _metrics(prefix: str, biases, stats) -> tuple[dict, dict]:
+    scalars, curves = {}, {}
+    for gb, s in zip(biases, stats):
+        k = f"{prefix}/{gb.name}"
+        for key in ("eff_slots", "eff_static", "trust", "bias_spread", "weak_phase", "weak_class", "depth"):
+            if key in s:
+                scalars[f"{k}/{key}"] = float(s[key])
+        curves[f"{k}/mass"] = [float(x) for x in s["mass"]]
+        curves[f"{k}/mass_period"] = [float(x) for x in s["mass_period"]]
+        curves[f"{k}/channels_by_phase"] = [float(x) for x in s["channels_by_phase"]]
+    return scalars, curves
+
+
+def _model_metrics(prefix: str, m: dict) -> tuple[dict, dict]:
+    return ({f"{prefix}/weak_residue": m["weak_residue"], f"{prefix}/weak_phase": m["weak_phase"],
+             f"{prefix}/depth": m["depth"], f"{prefix}/phase_period": m["phase_period"]},
+            {f"{prefix}/mass_period": list(m["mass_period"]), f"{prefix}/mass_phase": list(m["mass_phase"])})
+
+
+def gates_audit(opts: dict, tool: str = "gates", source: Source | None = None) -> dict:
+    """`analyze gates model=...`: the weights-only prediction (and with calibrate=true the measured E[a]) for every
+    compressor, printed, written as CSV and heatmap to the output directory and logged as an MLflow run."""
+    source = source or load_source(opts)
+    P = source.period
+    biases = source.biases
+    stats = [predict(gb, P) for gb in biases]
+    model = model_prediction(biases, stats, P, opts["include"])
+    print(f"phasefix analyze {tool}: {source.name} ({source.kind}), {len(biases)} compressors, evaluation period {P}")
+    print("\nweights only: bias-only gate a0 = softmax over slots of the slot biases")
+    print(table(biases, stats))
+    print(f"model ({model['compressors']} compressors, include={opts['include']}): predicted weak residue "
+          f"{model['weak_residue']} (mod {P}), weak phase {model['weak_phase']} (mod {model['phase_period']}), "
+          f"mass by phase x {model['phase_period']}: "
+          + " ".join(f"{x * model['phase_period']:.3f}" for x in model["mass_phase"]))
+    result = {"source": source, "biases": biases, "stats": stats, "model": model, "period": P}
+    rows = csv_rows(biases, stats, P)
+    fig_rows = [(gb.name, s["mass_period"]) for gb, s in zip(biases, stats)] + [("model", model["mass_period"])]
+    if opts["calibrate"]:
+        means = calibrate(source, opts)
+        cal_b = [gb for gb in biases if gb.name in means]
+        cal = []
+        for gb in cal_b:
+            a = means[gb.name]
+            phase = gb.phase[:, : a.shape[1]] if a.shape[1] <= gb.phase.shape[1] else gb.phase
+            cal.append(phase_stats(a, phase, gb.stride, P))
+        cal_model = model_prediction(cal_b, cal, P, opts["include"]) if cal_b else None
+        print("\ncalibrated: E[a] over the phase-controlled prompts")
+        print(table(cal_b, cal))
+        if cal_model:
+            print(f"model (calibrated): weak residue {cal_model['weak_residue']}, weak phase {cal_model['weak_phase']}"
+                  f" (mod {cal_model['phase_period']}); Pearson(a0 mass, E[a] mass) over residues "
+                  f"{pearson(model['mass_period'], cal_model['mass_period']):.3f}")
+        rows += csv_rows(cal_b, cal, P, "calibrated")[1:]
+        if cal_model:
+            fig_rows.append(("model (E[a])", cal_model["mass_period"]))
+        result.update(calibrated=cal, calibrated_biases=cal_b, calibrated_model=cal_model)
+    out = output_dir(opts, tool, source.name)
+    (out / "gates_audit.csv").write_text("\n".join(rows) + "\n")
+    fig = heatmap(fig_rows, P, title=f"{source.name}: predicted phase mass by residue (weights only; last row: model)")
+    fig.savefig(out / "gates_audit.png", dpi=110)
+    result.update(out=out, figure=fig, csv=out / "gates_audit.csv")
+    print(f"\nwrote {out / 'gates_audit.csv'} and {out / 'gates_audit.png'}")
+    return result
+
+
+def _log(opts: dict, tool: str, result: dict, extra_scalars: Mapping = {}, extra_curves: Mapping = {},
+         tags: Mapping = {}, figures: Mapping = {}) -> str | None:
+    """One MLflow run (tag phasefix.kind=audit) holding the prediction's metrics, the CSV, the figures and a JSON."""
+    if not opts["log"]:
+        print("not logged (log=false)")
+        return None
+    from phasefix import tracking
+
+    source = result["source"]
+    c = tracking.client(opts["tracking_uri"])
+    exp = tracking.get_or_create_experiment(c, opts["experiment"])
+    run_tags = {"phasefix.kind": "audit", "audit.tool": tool, "model": source.name, "source": source.spec,
+                "period": str(result["period"]), "git_commit": tracking.git_commit(),
+                "output_dir": str(result["out"].resolve()), **tags}
+    if source.kind == "phasefix" and source.ctx.run_id:
+        run_tags["phasefix.source_run"] = source.ctx.run_id
+    run_id = c.create_run(exp, run_name=opts["run_name"] or f"{tool}-{source.name}", tags=run_tags).info.run_id
+    status = "FAILED"
+    try:
+        tracking.log_params(c, run_id, {k: v for k, v in opts.items() if v is not None})
+        scalars, curves = _metrics("audit", result["biases"], result["stats"])
+        ms, mc = _model_metrics("audit/model", result["model"])
+        scalars.update(ms)
+        curves.update(mc)
+        if result.get("calibrated_model"):
+            s2, c2 = _metrics("audit/calibrated", result["calibrated_biases"], result["calibrated"])
+            ms, mc = _model_metrics("audit/calibrated/model", result["calibrated_model"])
+            scalars.update({**s2, **ms})
+            curves.update({**c2, **mc})
+        scalars.update(extra_scalars)
+        curves.update(extra_curves)
+        tracking.log_metric_values(c, run_id, scalars, curves)
+        c.log_artifact(run_id, str(result["csv"]))
+        tracking.log_figure(c, run_id, result["figure"], "gates_audit.png")
+        for path, fig in figures.items():
+            tracking.log_figure(c, run_id, fig, path)
+        summary = summary_json(result)
+        tracking.write_json(result["out"] / "audit.json", summary)
+        c.log_artifact(run_id, str(result["out"] / "audit.json"))
+        status = "FINISHED"
+    finally:
+        c.set_terminated(run_id, status=status)
+    print(f"logged to MLflow run {run_id} ({c.tracking_uri})")
+    return run_id
+
+
+def summary_json(result: dict) -> dict:
+    def plain(v):
+        if isinstance(v, np.ndarray):
+            return [plain(x) for x in v.tolist()]
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, float):
+            return None if v != v else round(v, 6)
+        if isinstance(v, (np.floating, np.integer)):
+            return plain(v.item())
+        return v
+
+    keep = ("mass", "mass_period", "eff_slots", "eff_static", "trust", "bias_spread", "content_scale", "weak_phase",
+            "weak_class", "class_period", "depth", "channels_by_phase")
+    out = {"model_name": result["source"].name, "source": result["source"].spec, "period": result["period"],
+           "model": {k: plain(v) for k, v in result["model"].items()},
+           "compressors": {gb.name: {k: plain(s[k]) for k in keep if k in s}
+                           for gb, s in zip(result["biases"], result["stats"])}}
+    if result.get("calibrated_model"):
+        out["calibrated_model"] = {k: plain(v) for k, v in result["calibrated_model"].items()}
+    if "comparison" in result:
+        out["comparison"] = {pad: {k: plain(v) for k, v in c.items()} for pad, c in result["comparison"].items()}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the audit
+def compare(model: dict, measured: Sequence[float], stride: int) -> dict:
+    """Predicted mass by residue against measured accuracy by residue: Pearson over the P residues, and over the
+    phases after folding both onto `stride`; predicted vs measured weak phase (mod stride)."""
+    acc = np.asarray(measured, dtype=np.float64)
+    P = len(acc)
+    M = np.asarray(model["mass_period"])
+    acc_phase = np.array([np.nanmean(acc[q::stride]) for q in range(stride)])
+    M_phase = np.array([M[q::stride].sum() for q in range(stride)])
+    weak_pred, weak_meas = int(M_phase.argmin()), int(np.nanargmin(acc_phase)) if np.isfinite(acc_phase).any() else -1
+    return {"pearson_r": pearson(M, acc), "pearson_r_phase": pearson(M_phase, acc_phase),
+            "predicted_weak_phase": weak_pred, "measured_weak_phase": weak_meas,
+            "weak_phase_agrees": float(weak_pred == weak_meas), "acc_phase": acc_phase, "mass_phase": M_phase,
+            "acc_residue": acc, "stride": stride, "period": P}
+
+
+def audit(opts: dict) -> dict:
+    """`analyze audit model=...`: predict from the weights, evaluate with `phasefix.evaluate`, compare."""
+    from phasefix.evaluate import evaluate
+
+    source = load_source(opts)
+    result = gates_audit(opts, "audit", source)
+    P = result["period"]
+    stride = result["model"]["phase_period"]
+    pads = ["prefix", "in_sequence"] if opts["padding"] == "both" else [opts["padding"]]
+    ev = {"model": source.spec if source.kind == "hf" else str(opts["model"]), "task": opts["task"], "period": P,
+          "stride": stride, "padding": ",".join(pads), "per_residue": opts["per_residue"], "n_boot": opts["n_boot"],
+          "seed": opts["seed"], "batch_size": opts["batch_size"], "dtype": opts["dtype"], "progress": opts["progress"],
+          "experiment": opts["experiment"], "out": str(result["out"] / "evaluate")}
+    for key in ("device", "tracking_uri", "max_length"):
+        if opts[key] is not None:
+            ev[key] = opts[key]
+    if source.kind == "phasefix":
+        ev["which"] = opts["which"]
+        ev.pop("max_length", None)
+    summary = evaluate(ev)
+    comparison, scalars, curves, figures = {}, {}, {}, {}
+    print(f"\nprediction vs measurement ({opts['task']}, period {P}, phases mod {stride}; evaluate run "
+          f"{summary.get('mlflow_run_id')})")
+    print(f"{'padding':<12}{'mean':>7}{'worst':>7}{'pearson r':>11}{'r (phase)':>11}{'weak pred':>11}{'weak meas':>11}"
+          "  accuracy by phase")
+    for pad in pads:
+        acc = summary[pad]["per_residue"]
+        acc = [float("nan") if a is None else a for a in acc]
+        cmp = compare(result["model"], acc, stride)
+        comparison[pad] = cmp
+        print(f"{pad:<12}{summary[pad]['acc_mean']:>7.3f}{summary[pad]['acc_worst']:>7.3f}{cmp['pearson_r']:>11.3f}"
+              f"{cmp['pearson_r_phase']:>11.3f}{cmp['predicted_weak_phase']:>11}{cmp['measured_weak_phase']:>11}  "
+              + " ".join(f"{x:.2f}" for x in cmp["acc_phase"]))
+        for k in ("pearson_r", "pearson_r_phase", "predicted_weak_phase", "measured_weak_phase", "weak_phase_agrees"):
+            scalars[f"audit/{pad}/{k}"] = cmp[k]
+        curves[f"audit/{pad}/acc_residue"] = list(cmp["acc_residue"])
+        curves[f"audit/{pad}/acc_phase"] = list(cmp["acc_phase"])
+        rows = [(gb.name, s["mass_period"]) for gb, s in zip(result["biases"], result["stats"])]
+        rows.append(("model", result["model"]["mass_period"]))
+        fig = heatmap(rows, P, measured=np.asarray(acc),
+                      title=f"{source.name} {opts['task']} ({pad}): predicted mass vs measured accuracy, Pearson r = "
+                            f"{cmp['pearson_r']:.2f}")
+        fig.savefig(result["out"] / f"audit-{pad}.png", dpi=110)
+        figures[f"audit-{pad}.png"] = fig
+    result.update(comparison=comparison, evaluation=summary)
+    _log(opts, "audit", result, scalars, curves, tags={"task": opts["task"],
+                                                       "evaluate_run": str(summary.get("mlflow_run_id"))},
+         figures=figures)
+    if not opts["log"]:
+        tracking_json(result)
+    return result
+
+
+def tracking_json(result: dict) -> None:
+    from phasefix import tracking
+
+    tracking.write_json(result["out"] / "audit.json", summary_json(result))
+
+
+def main(tool: str, args: Sequence[str]) -> dict:
+    """Entry point of `analyze gates model=...` and `analyze audit model=...`."""
+    opts = parse_options(args, tool)
+    if opts["threads"] is not None:
+        torch.set_num_threads(opts["threads"])
+    if tool == "audit":
+        return audit(opts)
+    result = gates_audit(opts, "gates")
+    _log(opts, "gates", result)
+    if not opts["log"]:
+        tracking_json(result)
+    return result
+
+
+def usage() -> str:
+    opts = "\n".join(f"  {k:<13} {h}" + ("" if d is None else f" (default: {d})") for k, (d, _, h) in OPTIONS.items())
+    return (__doc__ or "") + "\nOptions (key=value):\n" + opts + "\n"
+
+
+def wants_audit(tool: str, args: Sequence[str]) -> bool:
+    """`gates model=...` (not `run=`) and every `audit` go to this module."""
+    return tool == "audit" or (tool == "gates" and any(a.startswith("model=") for a in args))
+
+
+__all__ = ["GateBias", "OPTIONS", "audit", "calibrate", "compare", "fold", "gates_audit", "hf_gate_biases",
+           "hf_gate_means", "load_source", "main", "model_prediction", "pearson", "phase_stats",
+           "phasefix_gate_biases", "predict", "read_compressor_tensors", "wants_audit"]
