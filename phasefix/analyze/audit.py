@@ -382,7 +382,7 @@ def hf_gate_means(hf_model, batches) -> dict[str, torch.Tensor]:
     for layer, kind, mod in compressors(hf_model):
         name = f"L{layer}/{kind}"
 
-        def hook(m, inputs, z, name=name, kind=kind):
+        def hook(_, inputs, z, name=name, kind=kind, m=mod):
             S, D = m.compress_rate, m.head_dim
             B, T, _ = z.shape
             N = T // S
