@@ -359,11 +359,10 @@ def load_source(opts: dict) -> Source:
 
     try:
         ctx = load_run(spec, opts["tracking_uri"], opts["which"])
-    except ConfigError:
-        raise
-    except Exception as e:  # an unresolvable id or path
-        raise ConfigError(f"model={spec!r} is invalid: not a DeepSeek-V4 directory (with config.json) nor a phasefix "
-                          f"run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    except Exception as e:  # an unresolvable id or path: one line naming model=
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"model={spec!r} is invalid: not a Hugging Face DeepSeek-V4 directory (with config.json) "
+                          f"nor a phasefix run ({why})") from None
     check_gated(ctx.config)
     return Source("phasefix", str(ctx.config.name), spec, phasefix_gate_biases(ctx.model),
                   opts["period"] or ctx.period, ctx=ctx)
