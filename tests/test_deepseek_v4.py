@@ -151,10 +151,16 @@ def test_phasefix_model_prediction_per_head():
         for comp in model.compressors():
             comp.key_gate_bias[:, 1] = torch.tensor([0.0, 0.0, 0.0, -6.0])  # head 1 starves slot 3 = phase 3
             comp.value_slot_prior[1, 0] = -6.0  # head 0's value gate starves phase 1 through the slot prior
-    biases = phasefix_gate_biases(model)
+    biases = phasefix_gate_biases(model, reading="slot")  # slot i holds phase i (W = S, no grid offset)
     assert [b.name for b in biases][:4] == ["L0/key/h0", "L0/key/h1", "L0/value/h0", "L0/value/h1"]
     weak = {b.name: predict(b, 24)["weak_phase"] for b in biases}
     assert weak["L0/key/h1"] == 3 and weak["L1/value/h0"] == 1
+    # the answer reading: a key slot answers its own phase, a value slot the phase before it; key slot 3 and value
+    # slot 0 answer nothing, so the boundary phase 3 gets no mass and the starved value slot 1 starves phase 0
+    answer = {b.name: predict(b, 24) for b in phasefix_gate_biases(model)}
+    for s in answer.values():
+        assert s["mass"][3] == 0 and s["weak_phase"] == 3
+    assert answer["L1/value/h0"]["mass"][0] < 0.01 < answer["L1/value/h1"]["mass"][0]
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -242,8 +248,8 @@ def test_cli_errors(hf_dir, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ phasefix run
 def test_cli_audit_on_a_phasefix_checkpoint_with_a_hand_set_bias(uri, tmp_path, capsys):
-    """A 4-step tiny W4/S4 fit whose slot priors starve phase 1 in every layer, branch and KV head: the audit names
-    phase 1 from the weights, then evaluates the run (accuracy near chance after 4 steps, so the correlation is
+    """A 4-step tiny W4/S4 fit whose slot priors starve slot 1 in every layer, branch and KV head: the audit (slot
+    reading) names phase 1 from the weights, then evaluates the run (accuracy near chance after 4 steps, so the correlation is
     not asserted: docs/deepseek_v4.md reports it on trained runs)."""
     from phasefix.fit import compose, fit
 
@@ -265,6 +271,6 @@ def test_cli_audit_on_a_phasefix_checkpoint_with_a_hand_set_bias(uri, tmp_path, 
     torch.save(state, ckpt)
     capsys.readouterr()
     assert main(["audit", f"model={tmp_path / 'run'}", f"tracking_uri={uri}", f"out={tmp_path / 'audit'}",
-                 "per_residue=1", "n_boot=10", "threads=1"]) == 0
+                 "per_residue=1", "n_boot=10", "threads=1", "reading=slot"]) == 0
     text = capsys.readouterr().out
     assert "weak phase 1 (mod 4)" in text and "prediction vs measurement" in text

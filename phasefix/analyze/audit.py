@@ -44,6 +44,7 @@ from phasefix.errors import ConfigError, check, check_choice
 
 KINDS = ("csa", "indexer", "hca", "key", "value")  # DeepSeek-V4 compressors; phasefix branches
 INCLUDE = ("main", "all")
+READINGS = ("answer", "slot")
 TASKS = ("kv_lookup", "needle")
 
 # key -> (default, parser, help)
@@ -51,6 +52,8 @@ OPTIONS: dict[str, tuple] = {
     "model": (None, str, "a Hugging Face DeepSeek-V4 directory, or a phasefix run (MLflow run id, output dir, .ckpt)"),
     "period": (None, int, "evaluation period P the phase mass is folded to (default 24; a phasefix run: its own)"),
     "include": ("main", str, "compressors in the model's prediction: main (CSA, HCA; phasefix key+value) or all"),
+    "reading": ("answer", str, "phasefix runs: answer (the target-key phase a slot can answer: key slot i, value slot "
+                "i-1) or slot (the phase of the token it holds)"),
     "calibrate": (False, bool, "also measure E[a] with hooked forward passes over the phase-controlled prompts"),
     "per_residue": (4, int, "prompts per residue group (calibration; audit: the evaluation)"),
     "max_prompts": (96, int, "calibration: prompts the gate statistics average over"),
@@ -99,6 +102,7 @@ def parse_options(args: Sequence[str], tool: str = "gates") -> dict:
     check(opts["model"] not in (None, ""), "model", opts["model"],
           "is required: a Hugging Face DeepSeek-V4 directory or a phasefix run (run id, output directory, .ckpt)")
     check_choice("include", opts["include"], INCLUDE)
+    check_choice("reading", opts["reading"], READINGS)
     check_choice("task", opts["task"], TASKS)
     check_choice("padding", opts["padding"], ("prefix", "in_sequence", "both"))
     check_choice("which", opts["which"], ("last", "best"))
@@ -176,10 +180,19 @@ def hf_gate_biases(tensors: Mapping[str, torch.Tensor], config) -> list[GateBias
     return out
 
 
-def phasefix_gate_biases(model) -> list[GateBias]:
+def phasefix_gate_biases(model, reading: str = "answer") -> list[GateBias]:
     """The slot biases of a phasefix model, per layer, branch and KV head: gate bias + slot prior, [W, channels of
-    that head] (1 channel for scalar gates, D for vector gates). Slot i of head h with grid offset d_h holds phase
-    (i - W - d_h) mod S."""
+    that head] (1 channel for scalar gates, D for vector gates).
+
+    reading="slot": slot i of head h with grid offset d_h counts for the phase of the token it holds,
+    (i - W - d_h) mod S. reading="answer" (default): for the target-key phase it can answer
+    (`mitigations.gates.answered_phases`: a key gate's slot i answers the key it holds, a value gate's slot i the key
+    at slot i-1; the slot whose record straddles two windows answers nothing and its mass is dropped, so the
+    boundary phase of a W = S grid gets no mass at all). phasefix's K and V gates are separate, so the answer reading
+    is what predicts retrieval; DeepSeek-V4's single latent has only the slot reading."""
+    from phasefix.mitigations.gates import answered_phases
+
+    check_choice("reading", reading, READINGS)
     cfg = model.config
     W, S, HKV = cfg.window, cfg.stride, cfg.num_kv_heads
     out = []
@@ -196,9 +209,14 @@ def phasefix_gate_biases(model) -> list[GateBias]:
             bias = torch.zeros(W, HKV * width) if bias is None else bias.detach().float()  # [W, HKV * width]
             prior = getattr(comp, f"{b}_slot_prior").detach().float()  # [W, HKV]
             sigma = (gate * g.float()[None, :, None]).norm(dim=1)  # [W, HKV * width]
+            answers = answered_phases(cfg, layer, b)  # [HKV, W, S] one-hot, zero rows for dead slots
             for h in range(HKV):
                 cols = slice(h * width, (h + 1) * width)
-                phase = ((torch.arange(W) - W - offsets[h]) % S)[:, None].expand(W, width)
+                if reading == "slot":
+                    phase = (torch.arange(W) - W - offsets[h]) % S
+                else:
+                    phase = torch.where(answers[h].sum(-1) > 0, answers[h].argmax(-1), -1)  # -1: answers nothing
+                phase = phase[:, None].expand(W, width)
                 out.append(GateBias(f"L{layer}/{b}/h{h}", layer, b, S, bias[:, cols] + prior[:, h:h + 1],
                                     phase.clone(), sigma[:, cols].clone()))
     return out
@@ -217,9 +235,11 @@ def phase_stats(a: torch.Tensor, phase: torch.Tensor, stride: int, period: int) 
     """Statistics of a slot distribution per channel, a [W, Ch] (columns sum to 1), slots at `phase` [W, Ch]."""
     a = a.double()
     Ch = a.shape[1]
-    mass = torch.zeros(stride, dtype=torch.float64).index_add_(0, phase.reshape(-1), a.reshape(-1)) / Ch  # [S]
+    live = phase >= 0  # phase -1: a slot that answers nothing (phasefix's answer reading): its mass is dropped
+    mass = torch.zeros(stride, dtype=torch.float64).index_add_(0, phase[live], a[live]) / Ch  # [S]
     ent = -torch.special.xlogy(a, a).sum(0)  # [Ch]
     pref = phase.gather(0, a.argmax(0, keepdim=True))[0]  # [Ch] the phase of each channel's preferred slot
+    pref = pref[pref >= 0]
     m = mass.numpy()
     g = math.gcd(stride, period)
     return {"mass": m, "mass_period": fold(m, period), "eff_slots": float(ent.exp().mean()),
@@ -364,7 +384,7 @@ def load_source(opts: dict) -> Source:
         raise ConfigError(f"model={spec!r} is invalid: not a Hugging Face DeepSeek-V4 directory (with config.json) "
                           f"nor a phasefix run ({why})") from None
     check_gated(ctx.config)
-    return Source("phasefix", str(ctx.config.name), spec, phasefix_gate_biases(ctx.model),
+    return Source("phasefix", str(ctx.config.name), spec, phasefix_gate_biases(ctx.model, opts["reading"]),
                   opts["period"] or ctx.period, ctx=ctx)
 
 
