@@ -1,11 +1,12 @@
 """`phasefix.study`: study files, the smoke study with real fits (Pareto files, MLflow parent and children, pruning,
 resume), 2 workers on one storage, a SIGKILLed worker's trial failed and retried, and a real PostgreSQL server.
 
-The worker tests inject a cheap objective (`fake_fit` below, through PHASEFIX_STUDY_FIT) so that they test the
+The worker tests inject a cheap objective (`fake_fit` below, `run_study(..., fit_fn=...)`) so that they test the
 storage and worker machinery in seconds; the smoke tests run real fits.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import shutil
@@ -24,22 +25,19 @@ from phasefix.errors import ConfigError
 from phasefix.paths import PROJECT_ROOT
 
 SMOKE = PROJECT_ROOT / "studies" / "smoke.yaml"
-FAKE_DIR = "PHASEFIX_FAKE_DIR"
-FAKE_MODE = "PHASEFIX_FAKE_MODE"
 
 
 # ------------------------------------------------------------------------------------------------ the cheap objective
-def fake_fit(cfg, callbacks=()):
-    """Stands in for `phasefix.fit.fit` in worker processes (PHASEFIX_STUDY_FIT=tests/test_study.py:fake_fit).
+def fake_fit(cfg, callbacks=(), *, fake_dir: str, mode: str = "barrier"):
+    """Stands in for `phasefix.fit.fit` in worker processes (`run_study(..., fit_fn=partial(fake_fit, ...))`).
 
     barrier: every trial waits (<= 120 s) until trials of two different worker processes have started, so two
     workers provably run at once; kill: the first trial of the study writes `victim` (pid, trial) and hangs."""
-    d = Path(os.environ[FAKE_DIR])
+    d = Path(fake_dir)
     trial = int(cfg.logger.tags.trial)
     assert cfg.logger.parent_run_id and cfg.logger.tags.study
     assert cfg.trainer.max_steps == 12 and cfg.eval.paddings == ["prefix"]  # the study's base overrides
     (d / f"trial{trial}.pid{os.getpid()}").write_text(str(cfg.optim.lr))
-    mode = os.environ.get(FAKE_MODE, "barrier")
     if mode == "barrier":
         deadline = time.time() + 120
         while len({p.name.split(".pid")[1] for p in d.glob("trial*.pid*")}) < 2 and time.time() < deadline:
@@ -101,13 +99,12 @@ def states(study) -> dict[str, int]:
     return out
 
 
-def fake_env(monkeypatch, tmp_path: Path, mode: str) -> Path:
+def fake_env(tmp_path: Path, mode: str):
+    """The directory the fake trials write to, and the fit function for run_study (picklable: workers are
+    spawned processes)."""
     d = tmp_path / "fake"
     d.mkdir()
-    monkeypatch.setenv("PHASEFIX_STUDY_FIT", f"{Path(__file__).resolve()}:fake_fit")
-    monkeypatch.setenv(FAKE_DIR, str(d))
-    monkeypatch.setenv(FAKE_MODE, mode)
-    return d
+    return d, functools.partial(fake_fit, fake_dir=str(d), mode=mode)
 
 
 # ------------------------------------------------------------------------------------------------ study files
@@ -136,6 +133,15 @@ def test_bad_study_files_fail_with_one_line_naming_the_key(tmp_path, change, key
         load_spec(path)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("smoke.yaml: ") and key in msg, msg
+
+
+@pytest.mark.parametrize("option", [["--n-trials", "0"], ["--n-trials", "-1"], ["--workers", "0"]])
+def test_bad_budget_or_workers_fail_with_one_line(tmp_path, capsys, option):
+    from phasefix.study.__main__ import main
+
+    assert main([str(write_study(tmp_path, "sqlite://")), *option]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and option[0] in err, err
 
 
 def test_misspelt_override_key_fails_before_any_trial(tmp_path):
@@ -187,7 +193,7 @@ def test_shipped_studies_compose():
 def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, mlflow_db, capsys):
     from mlflow.tracking import MlflowClient
 
-    from phasefix.study import main
+    from phasefix.study.__main__ import main
 
     path = write_study(tmp_path, mlflow_db)
     assert main([str(path)]) == 0
@@ -232,12 +238,12 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
 
 
 # ------------------------------------------------------------------------------------------------ workers
-def test_two_workers_on_one_storage_finish_distinct_trials(tmp_path, mlflow_db, monkeypatch):
+def test_two_workers_on_one_storage_finish_distinct_trials(tmp_path, mlflow_db):
     from phasefix.study import run_study
 
-    d = fake_env(monkeypatch, tmp_path, "barrier")
+    d, fake = fake_env(tmp_path, "barrier")
     path = write_study(tmp_path, mlflow_db, name="two", n_trials=6)
-    res = run_study(path, workers=2)
+    res = run_study(path, workers=2, fit_fn=fake)
     assert res["rc"] == 0
     spec, study = load(path)
     assert states(study) == {"COMPLETE": 6}
@@ -249,10 +255,10 @@ def test_two_workers_on_one_storage_finish_distinct_trials(tmp_path, mlflow_db, 
     assert res["counts"]["COMPLETE"] == 6 and res["pareto"]
 
 
-def test_sigkilled_workers_trial_is_failed_and_retried(tmp_path, mlflow_db, monkeypatch):
+def test_sigkilled_workers_trial_is_failed_and_retried(tmp_path, mlflow_db):
     from phasefix.study import run_study
 
-    d = fake_env(monkeypatch, tmp_path, "kill")
+    d, fake = fake_env(tmp_path, "kill")
     path = write_study(tmp_path, mlflow_db, name="kill", n_trials=4,
                        storage={"heartbeat_interval": 1, "grace_period": 3, "max_retry": 1})
     killed = {}
@@ -270,7 +276,7 @@ def test_sigkilled_workers_trial_is_failed_and_retried(tmp_path, mlflow_db, monk
 
     th = threading.Thread(target=killer, daemon=True)
     th.start()
-    res = run_study(path, workers=2)
+    res = run_study(path, workers=2, fit_fn=fake)
     th.join(timeout=5)
     assert killed, "the victim trial never started"
     assert res["rc"] == 0  # the study reached its budget: the survivor ran the retry
@@ -350,12 +356,12 @@ def postgres_url():
 
 
 @pytest.mark.postgres
-def test_postgres_storage_two_workers(tmp_path, mlflow_db, monkeypatch, postgres_url):
+def test_postgres_storage_two_workers(tmp_path, mlflow_db, postgres_url):
     from phasefix.study import run_study
 
-    d = fake_env(monkeypatch, tmp_path, "barrier")
+    d, fake = fake_env(tmp_path, "barrier")
     path = write_study(tmp_path, mlflow_db, name=f"pg{os.getpid()}", n_trials=4)
-    res = run_study(path, storage=postgres_url, workers=2)
+    res = run_study(path, storage=postgres_url, workers=2, fit_fn=fake)
     assert res["rc"] == 0
     spec, study = load(path, storage=postgres_url)
     assert states(study) == {"COMPLETE": 4}
@@ -363,6 +369,6 @@ def test_postgres_storage_two_workers(tmp_path, mlflow_db, monkeypatch, postgres
     # rerunning against the same database resumes: nothing to do, nothing lost (plain postgresql:// URL: the
     # study picks the installed driver)
     plain = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
-    assert run_study(path, storage=plain, workers=1)["rc"] == 0
+    assert run_study(path, storage=plain, workers=1, fit_fn=fake)["rc"] == 0
     spec, study = load(path, storage=postgres_url)
     assert states(study) == {"COMPLETE": 4}

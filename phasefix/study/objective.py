@@ -1,0 +1,174 @@
+"""One trial: the search space as overrides (`suggest`), the objective that runs `phasefix.fit.fit` on them, and the
+Lightning callback that prunes (multi-objective studies have no `trial.report`/`should_prune`)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from phasefix.errors import check
+from phasefix.study import runs
+from phasefix.study.spec import PruneRule, StudySpec, base_mitigations
+
+FitFn = Callable[..., dict]  # (cfg, callbacks) -> summary, like phasefix.fit.fit
+# what a trial keeps as its user attr `metrics` (the objectives too)
+TRIAL_METRICS = ("prefix.acc_mean", "prefix.acc_worst", "prefix.acc_gap", "in_sequence.acc_mean",
+                 "in_sequence.acc_worst", "in_sequence.acc_gap", "lm_loss", "train_seconds")
+
+
+def suggest(trial, spec: StudySpec) -> list[str]:
+    """Sample this trial's params (define-by-run: a mitigation's weights only when it is enabled); the overrides."""
+    enabled = base_mitigations(spec.base)
+    out: list[str] = []
+    for p in spec.params:
+        if p.requires and not set(p.requires) <= enabled:
+            continue
+        if p.type == "categorical":
+            v = trial.suggest_categorical(p.name, p.choices)
+            if p.sets_mitigations:
+                enabled |= p.mitigations(v)
+        elif p.type == "int":
+            v = trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+        else:
+            v = trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
+        out += p.overrides(v)
+    return out
+
+
+def metric_value(summary: dict, metric: str):
+    """`prefix.acc_worst` -> summary['prefix']['acc_worst']; None when absent."""
+    v: Any = summary
+    for part in metric.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def pruning_callback(trial, rules: Sequence[PruneRule]):
+    """A Lightning callback: records each validation in the trial (user attr `val_history`) and raises
+    `optuna.TrialPruned` when a rule's metric misses its bound at the first validation at or after its step.
+    Multi-objective studies cannot use `trial.report`/`should_prune`, so this is the study's pruner."""
+    import optuna
+    from lightning.pytorch.callbacks import Callback
+
+    class StudyPruner(Callback):
+        def __init__(self):
+            self.done: set[int] = set()
+            self.history: list[dict] = []
+
+        def on_train_start(self, trainer, pl_module):
+            run_id = getattr(trainer.logger, "run_id", None)
+            if run_id:
+                trial.set_user_attr("mlflow_run_id", run_id)
+
+        def on_validation_end(self, trainer, pl_module):
+            if trainer.sanity_checking:
+                return
+            step = int(trainer.global_step)
+            vals = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+            self.history.append({"step": step, **{k[4:]: round(v, 4) for k, v in vals.items()
+                                                  if k.count("/") == 2}})
+            trial.set_user_attr("val_history", self.history)
+            for i, r in enumerate(rules):
+                if i in self.done or step < r.step or r.logged_key not in vals:
+                    continue
+                self.done.add(i)
+                v = vals[r.logged_key]
+                if (r.min is not None and v < r.min) or (r.max is not None and v > r.max):
+                    bound = f"< {r.min}" if r.min is not None else f"> {r.max}"
+                    msg = f"{r.metric}={v:.4f} {bound} at step {step}"
+                    trial.set_user_attr("pruned", msg)
+                    raise optuna.TrialPruned(msg)
+
+    return StudyPruner()
+
+
+def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | None = None,
+                   fit_fn: FitFn | None = None):
+    """The Optuna objective: suggest, compose, fit (`fit_fn`, default `phasefix.fit.fit`), return the objectives.
+    Errors are recorded as the trial's user attr `error`; constraints go to `Trial.set_constraint`."""
+    import optuna
+
+    def objective(trial):
+        try:
+            return run_trial(trial)
+        except optuna.TrialPruned:
+            raise
+        except Exception as e:  # every error is recorded, so that max_failures can stop a broken study
+            if not trial.user_attrs.get("error"):
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+                trial.set_user_attr("error", msg)
+            print(f"[study] trial {trial.number} failed: {trial.user_attrs['error']}", flush=True)
+            raise
+
+    def run_trial(trial):
+        from phasefix.fit import compose
+
+        for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics"):  # a retry's copy
+            if k in trial.user_attrs:
+                trial.set_user_attr(k, None)
+        ovs = suggest(trial, spec)
+        trial.set_user_attr("overrides", ovs)
+        out_dir = spec.outputs() / f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}"
+        extra = [f"output_dir='{out_dir}'", f"+logger.tags.study='{spec.name}'",
+                 f"+logger.tags.trial='{trial.number}'", f"run_name='{spec.name}-t{trial.number}'"]
+        if parent_run_id:
+            extra.append(f"logger.parent_run_id='{parent_run_id}'")
+        exp = trial.study.user_attrs.get("mlflow_experiment")  # the parent run's experiment
+        if exp:
+            extra.append(f"logger.experiment_name='{exp}'")
+        if threads and not any(o.startswith("trainer.num_threads=") for o in spec.base + ovs):
+            extra.append(f"trainer.num_threads={threads}")
+        retried = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+        print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
+              f"{' '.join(ovs) or '(base)'}", flush=True)
+        try:
+            cfg = compose(list(spec.base) + ovs + extra)
+            # the callback also records the MLflow run id at the start (a dead worker's run is then ended FAILED)
+            # and the validation history; an injected fit (tests) without pruning rules gets none
+            use_cb = spec.pruning or fit_fn is None
+            summary = (fit_fn or _real_fit())(cfg, callbacks=[pruning_callback(trial, spec.pruning)] if use_cb
+                                              else [])
+        except optuna.TrialPruned as e:
+            for c in spec.constraints:  # no final metrics: infeasible for the samplers
+                trial.set_constraint(c.key, 1.0)
+            runs.mark_pruned(trial, str(e))
+            print(f"[study] trial {trial.number} pruned: {e}", flush=True)
+            raise
+        if summary.get("mlflow_run_id"):
+            trial.set_user_attr("mlflow_run_id", summary["mlflow_run_id"])
+        metrics = {k: metric_value(summary, k) for k in TRIAL_METRICS}
+        metrics.update({o.metric: metric_value(summary, o.metric) for o in spec.objectives})
+        trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if v is not None})
+        if spec.constraints:
+            cons = []
+            for c in spec.constraints:
+                v = metric_value(summary, c.metric)
+                if v is None:
+                    check(c.missing == "ignore", "constraints.metric", c.metric,
+                          "is not in the fit summary (set missing: ignore to treat it as satisfied)")
+                    cons.append(0.0)
+                else:
+                    cons.append(c.value(float(v)))
+            for c, v in zip(spec.constraints, cons):
+                trial.set_constraint(c.key, v)
+            trial.set_user_attr("constraints", cons)  # also in trials.csv's `feasible`
+        values = []
+        for o in spec.objectives:
+            v = metric_value(summary, o.metric)
+            if not isinstance(v, (int, float)) or math.isnan(float(v)):
+                msg = f"objective {o.metric} is {v!r} in the fit summary"
+                trial.set_user_attr("error", msg)
+                raise ValueError(msg)
+            values.append(float(v))
+        return values
+
+    return objective
+
+
+def _real_fit() -> FitFn:
+    from phasefix.fit import fit
+
+    return fit

@@ -1,0 +1,156 @@
+"""The study's report: `pareto.csv` (the Pareto front from Optuna's `study.best_trials`), `trials.csv` (every
+trial), `pareto.png`, logged to the MLflow parent run and printed as a table."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from phasefix.study import runs
+from phasefix.study.spec import StudySpec
+
+# metrics a row shows besides the objectives (from the trial's user attr `metrics`)
+EXTRA_COLUMNS = ("prefix.acc_gap", "in_sequence.acc_mean", "in_sequence.acc_worst", "lm_loss", "train_seconds")
+
+
+def counts(study) -> dict[str, int]:
+    """Trials by state, and ERRORS: failed trials that were not retried (errors, and workers that died more than
+    max_retry times)."""
+    from optuna.trial import TrialState
+
+    out = {s.name: 0 for s in TrialState}
+    trials = study.get_trials(deepcopy=False)
+    retried: set[int] = set()
+    for t in trials:
+        out[t.state.name] += 1
+        retried.update(t.system_attrs.get("retry_history", []))
+    out["ERRORS"] = sum(1 for t in trials if t.state == TrialState.FAIL and t.number not in retried)
+    return out
+
+
+def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
+    """One CSV row per trial: objectives, other metrics, feasibility, params, MLflow run, retry and why it ended."""
+    params = [p.name for p in spec.params]
+    rows = []
+    for t in trials:
+        row = {"trial": t.number, "state": t.state.name}
+        for o, v in zip(spec.objectives, t.values or [None] * len(spec.objectives)):
+            row[o.metric] = None if v is None else round(v, 4)
+        extra = t.user_attrs.get("metrics") or {}
+        for k in EXTRA_COLUMNS:
+            if k not in row and k in extra:
+                row[k] = extra[k]
+        if spec.constraints:
+            cons = t.user_attrs.get("constraints")
+            row["feasible"] = None if cons is None else all(c <= 0 for c in cons)
+        for p in params:
+            v = t.params.get(p)
+            row[p] = round(v, 6) if isinstance(v, float) else v
+        row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id")
+        row["retry_of"] = t.system_attrs.get("failed_trial")
+        row["note"] = t.user_attrs.get("pruned") or t.user_attrs.get("error")
+        rows.append(row)
+    return rows
+
+
+def pareto_trials(spec: StudySpec, study) -> list:
+    """The Pareto front of the complete trials (Optuna's `best_trials`: feasible ones only when the study has
+    constraints), best first objective first."""
+    signs = [1 if d == "maximize" else -1 for d in spec.directions]
+    return sorted(study.best_trials, key=lambda t: [-s * v for s, v in zip(signs, t.values)])
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols or ["trial"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+
+
+def pareto_figure(spec: StudySpec, trials, front):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    mx, my = spec.metric_names[0], spec.metric_names[1] if len(spec.objectives) > 1 else None
+    done = [t for t in trials if t.values]
+    front_ids = {t.number for t in front}
+    others = [t for t in done if t.number not in front_ids]
+    if my is None:  # one objective: value per trial
+        ax.scatter([t.number for t in done], [t.values[0] for t in done], c="grey", s=14)
+        ax.set_xlabel("trial")
+        ax.set_ylabel(mx)
+    else:
+        if others:
+            ax.scatter([t.values[0] for t in others], [t.values[1] for t in others], c="lightgrey",
+                       edgecolors="grey", s=18, label="trials")
+        if front:
+            xs, ys = [t.values[0] for t in front], [t.values[1] for t in front]
+            order = sorted(range(len(front)), key=lambda i: xs[i])
+            ax.plot([xs[i] for i in order], [ys[i] for i in order], "-o", color="C3", ms=5, label="Pareto front")
+            for t in front:
+                ax.annotate(str(t.number), (t.values[0], t.values[1]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        if {mx.split(".")[-1], my.split(".")[-1]} == {"acc_mean", "acc_worst"}:  # the goal worst >= 0.9 mean
+            lo = min([t.values[0] for t in done] + [0.0])
+            line = [lo, 1.0]
+            if mx.endswith("acc_mean"):
+                ax.plot(line, [0.9 * v for v in line], ":", color="C2", lw=1, label="worst = 0.9 x mean")
+            else:
+                ax.plot([0.9 * v for v in line], line, ":", color="C2", lw=1, label="worst = 0.9 x mean")
+        ax.set_xlabel(f"{mx} ({spec.directions[0][:3]})")
+        ax.set_ylabel(f"{my} ({spec.directions[1][:3]})")
+        ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"study {spec.name}: {len(done)} complete trials, {len(front)} on the front", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def format_table(rows: list[dict], max_rows: int = 15) -> str:
+    if not rows:
+        return "(no complete trials yet)"
+    cols = [k for k in rows[0] if k not in ("state", "retry_of", "note")]
+    cells = [[("" if r.get(k) is None else f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r[k]))[:40]
+              for k in cols] for r in rows[:max_rows]]
+    cols = [c if c != "mlflow_run_id" else "mlflow run" for c in cols]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    if len(rows) > max_rows:
+        lines.append(f"... {len(rows) - max_rows} more in pareto.csv")
+    return "\n".join(lines)
+
+
+def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: bool = False) -> dict:
+    """Write pareto.csv, trials.csv and pareto.png under the reports dir, log them to the parent run, print the
+    best trade-offs. Returns {'pareto': rows, 'dir': path, 'counts': ..., 'parent_run_id': ...}."""
+    trials = study.get_trials(deepcopy=False)
+    front = pareto_trials(spec, study)
+    out = spec.reports()
+    out.mkdir(parents=True, exist_ok=True)
+    front_rows = trial_rows(spec, study, front)
+    write_csv(out / "pareto.csv", front_rows)
+    write_csv(out / "trials.csv", trial_rows(spec, study, trials))
+    fig = pareto_figure(spec, [t for t in trials if t.state.name == "COMPLETE"], front)
+    fig.savefig(out / "pareto.png", dpi=110)
+    n = counts(study)
+    if log_to_mlflow:
+        best = {m: (max if d == "maximize" else min)(r[m] for r in front_rows)
+                for m, d in zip(spec.metric_names, spec.directions) if front_rows}
+        runs.log_report(study, [out / "pareto.csv", out / "trials.csv"], n, best, fig)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    parent = study.user_attrs.get(runs.PARENT_ATTR)
+    if not quiet:
+        print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete, {n['PRUNED']} pruned, "
+              f"{n['FAIL']} failed, {n['RUNNING']} running, {n['WAITING']} waiting; MLflow parent run {parent}")
+        print(f"Pareto front ({len(front)} trials, best {spec.metric_names[0]} first):")
+        print(format_table(front_rows))
+        print(f"reports: {out}/pareto.csv, pareto.png, trials.csv")
+    return {"pareto": front_rows, "dir": out, "counts": n, "parent_run_id": parent}

@@ -1,0 +1,248 @@
+"""Running a study: the Optuna RDB storage with heartbeats and retries, the sampler, the budget loop of one worker
+(Optuna's `MaxTrialsCallback`), `--workers K` processes on this machine, and `run_study` (the CLI's work)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from phasefix.errors import ConfigError, check
+from phasefix.study import runs
+from phasefix.study.objective import FitFn, make_objective
+from phasefix.study.report import counts, report
+from phasefix.study.spec import StudySpec, check_storage_url, load_spec, validate
+
+
+def storage_driver(url: str) -> str:
+    """`postgresql://` with the driver that is installed: SQLAlchemy 2.1 defaults to psycopg 3, while phasefix's
+    `postgres` extra installs psycopg2."""
+    if url.startswith("postgresql://"):
+        import importlib.util as iu
+
+        if iu.find_spec("psycopg") is None and iu.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
+    """An RDB storage with heartbeats; a stale trial (its worker died) is failed, its MLflow run marked FAILED
+    and the trial retried with the same params (up to storage.max_retry times)."""
+    import optuna
+
+    engine_kwargs: dict = {}
+    url = storage_driver(url)
+    if url.startswith("sqlite:///"):
+        db = Path(url[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        if not db.exists():  # WAL: readers never block the writer; several processes on one machine
+            import sqlite3
+
+            with sqlite3.connect(db) as con:
+                con.execute("PRAGMA journal_mode=WAL")
+        engine_kwargs = {"connect_args": {"timeout": 120}}
+    elif url.startswith(("postgresql", "mysql")):
+        engine_kwargs = {"pool_pre_ping": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+            optuna.storages.RetryFailedTrialCallback  # the new name since Optuna 4.9
+        retry = retry_cls(max_retry=spec.max_retry)
+
+    def on_stale(study, trial):
+        retry(study, trial)
+        runs.mark_lost(study, trial)
+        print(f"[study] trial {trial.number} lost its worker (no heartbeat for {spec.grace_period}s): "
+              f"marked failed and retried", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeat options are "experimental"
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine_kwargs,
+            heartbeat_interval=spec.heartbeat_interval if with_callbacks else None,
+            grace_period=spec.grace_period if with_callbacks else None,
+            heartbeat_stale_trial_callback=on_stale if with_callbacks else None)
+
+
+def make_sampler(spec: StudySpec, worker: int = 0):
+    """The study file's sampler; constraints reach it through `Trial.set_constraint` (see the objective)."""
+    import optuna
+
+    s = spec.sampler
+    seed = None if s.get("seed") is None else s["seed"] + 1000 * worker  # workers must not propose the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if s["type"] == "nsga2":
+            return optuna.samplers.NSGAIISampler(population_size=s.get("population_size", 50), seed=seed)
+        if s["type"] == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        multivariate = s.get("multivariate", True)
+        return optuna.samplers.TPESampler(n_startup_trials=s.get("n_startup_trials", 10), seed=seed,
+                                          multivariate=multivariate, group=multivariate, constant_liar=True)
+
+
+def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False):
+    """The study in its storage, with heartbeats and this worker's sampler (`create`: if missing, and check that
+    the stored objectives match the file)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = make_storage(spec, url)
+    sampler = make_sampler(spec, worker)
+    if create:
+        study = optuna.create_study(storage=storage, study_name=spec.name, directions=spec.directions,
+                                    sampler=sampler, load_if_exists=True)
+        stored = [d.name.lower() for d in study.directions]
+        check(stored == spec.directions, "objectives", spec.directions,
+              f"differ from the stored study {spec.name!r} ({stored}) in {runs.redact(url)}: use another name or "
+              "storage")
+        if study.metric_names != spec.metric_names:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "experimental"
+                study.set_metric_names(spec.metric_names)
+        return study
+    return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
+
+
+def load_study(spec: StudySpec, url: str):
+    """The stored study for reading (no heartbeats, no sampler); ConfigError when it does not exist."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return optuna.load_study(study_name=spec.name, storage=make_storage(spec, url, with_callbacks=False))
+        except KeyError:
+            raise ConfigError(f"study {spec.name!r} is not in {runs.redact(url)}: run it first (or pass its "
+                              "--storage)") from None
+
+
+# ------------------------------------------------------------------------------------------------ workers
+def run_worker(spec: StudySpec, url: str, n_trials: int, worker: int = 0, threads: int | None = None,
+               fit_fn: FitFn | None = None, poll_s: float | None = None) -> int:
+    """Run trials until the study has `n_trials` finished ones (complete or pruned), then wait for the trials
+    still running elsewhere: failing stale ones (a dead worker's) and running their retries. 0: done;
+    3: stopped after max_failures trials raised errors; 4: timeout."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    study = open_study(spec, url, worker)
+    objective = make_objective(spec, study.user_attrs.get(runs.PARENT_ATTR), threads, fit_fn)
+    # running trials count too: K workers on one storage stop together at the budget instead of overshooting it
+    budget = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+
+    def too_many_errors(study, trial):
+        if counts(study)["ERRORS"] >= spec.max_failures:
+            study.stop()
+
+    poll_s = poll_s or min(5.0, spec.heartbeat_interval)
+    t0 = time.time()
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optuna.storages.fail_stale_trials(study)
+        n = counts(study)
+        if n["ERRORS"] >= spec.max_failures:
+            print(f"[study] worker {worker}: {n['ERRORS']} trials failed with errors (max_failures="
+                  f"{spec.max_failures}); stopping. See the trials' user attr 'error'.", file=sys.stderr, flush=True)
+            return 3
+        left = spec.timeout - (time.time() - t0) if spec.timeout else None
+        if left is not None and left <= 0:
+            return 4
+        if n["WAITING"] > 0 or n["COMPLETE"] + n["PRUNED"] + n["RUNNING"] < n_trials:  # retries run regardless
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                study.optimize(objective, timeout=left, catch=(Exception,), callbacks=[budget, too_many_errors],
+                               gc_after_trial=False)
+            continue
+        if n["RUNNING"] == 0:
+            return 0
+        time.sleep(poll_s)  # trials running elsewhere: wait for them to finish or go stale
+
+
+def _worker_process(spec: StudySpec, url: str, n_trials: int, worker: int, threads: int, fit_fn: FitFn | None,
+                    log: Path) -> None:
+    """The body of one of `--workers K`'s processes: output to its log file, exit code from run_worker."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.exit(run_worker(spec, url, n_trials, worker=worker, threads=threads, fit_fn=fit_fn))
+
+
+def spawn_workers(spec: StudySpec, url: str, n_trials: int, k: int, fit_fn: FitFn | None = None) -> int:
+    """K worker processes on this machine, one log file each beside the study's reports. Fresh interpreters
+    (spawn: no forked torch threads or database connections); `fit_fn` must be picklable (a module function)."""
+    logs = spec.reports() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 1) // k)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker_process, name=f"study-worker{w}",
+                         args=(spec, url, n_trials, w, threads, fit_fn, logs / f"worker{w}.log")) for w in range(k)]
+    for p in procs:
+        p.start()
+    print(f"[study] {k} workers ({threads} threads each), logs: {logs}/worker*.log", flush=True)
+    rc = 0
+    try:
+        for w, p in enumerate(procs):
+            p.join()
+            code = p.exitcode
+            if code != 0:
+                reason = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                print(f"[study] worker {w} ended with {reason} (see {logs}/worker{w}.log)", file=sys.stderr)
+                rc = rc or (code if code > 0 else 1)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGINT)
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        raise
+    return rc
+
+
+# ------------------------------------------------------------------------------------------------ the CLI's work
+def run_study(path: str | Path, n_trials: int | None = None, storage: str | None = None, workers: int = 1,
+              report_only: bool = False, fit_fn: FitFn | None = None) -> dict:
+    """Validate, create or resume the study, run the workers, report. `fit_fn` replaces `phasefix.fit.fit` in
+    every worker (tests: a cheap stand-in). Returns report()'s dict plus 'rc'."""
+    spec = load_spec(path)
+    if storage:
+        check_storage_url(storage)
+    url = spec.storage_url(storage)
+    budget = spec.n_trials if n_trials is None else n_trials
+    check(budget >= 1, "--n-trials", budget, "must be >= 1")
+    check(workers >= 1, "--workers", workers, "must be >= 1")
+    if report_only:
+        return {**report(spec, load_study(spec, url), url), "rc": 0}
+    validate(spec)
+    study = open_study(spec, url, create=True)
+    runs.ensure_parent_run(spec, study, url)
+    n = counts(study)
+    print(f"[study] {spec.name}: {runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "
+          f"{workers} worker(s); MLflow parent run {study.user_attrs.get(runs.PARENT_ATTR)}", flush=True)
+    interrupted = False
+    try:
+        if workers == 1:
+            rc = run_worker(spec, url, budget, fit_fn=fit_fn)
+        else:
+            rc = spawn_workers(spec, url, budget, workers, fit_fn=fit_fn)
+    except KeyboardInterrupt:
+        interrupted, rc = True, 130
+    n = counts(study)
+    complete = n["COMPLETE"] + n["PRUNED"] >= budget and n["RUNNING"] == 0
+    res = report(spec, load_study(spec, url), url)
+    if rc and complete:
+        print("[study] the study reached its budget; a worker ended abnormally and its trials were retried",
+              file=sys.stderr)
+        rc = 0
+    runs.finish_parent(study, complete and not interrupted)
+    res["rc"] = rc
+    return res

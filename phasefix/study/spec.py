@@ -1,0 +1,432 @@
+"""The study file (`studies/<name>.yaml`) as typed dataclasses: parsing, and validation against the fit config.
+
+Every problem is a one-line `ConfigError` naming the key and what is allowed; `validate` composes the base and the
+corners of the search space with `phasefix.fit.compose`, so that a misspelt override key fails before any trial.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from phasefix.errors import ConfigError, check, check_choice
+from phasefix.paths import OUTPUTS_DIR
+
+TOP_KEYS = ("name", "description", "base", "params", "objectives", "constraints", "sampler", "n_trials", "timeout",
+            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name")
+PARAM_TYPES = ("categorical", "int", "float", "logfloat")
+SAMPLERS = ("tpe", "nsga2", "random")
+DIRECTIONS = ("maximize", "minimize")
+VAL_METRICS = ("acc_mean", "acc_worst", "acc_gap")  # what the module logs as val/<padding>/<key>
+NONE_CHOICES = ("none", "null", "", None)
+
+
+@dataclass
+class Param:
+    name: str
+    type: str
+    override: str | None = None            # the config key this param sets (None: choices are override lists)
+    choices: list = field(default_factory=list)               # categorical: the values Optuna sees (str/num)
+    choice_overrides: dict = field(default_factory=dict)      # categorical: value -> list of overrides
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    requires: tuple[str, ...] = ()         # mitigations that must be enabled for this param to be sampled
+
+    @property
+    def sets_mitigations(self) -> bool:
+        return self.override is not None and self.override.lstrip("+") == "mitigation"
+
+    def overrides(self, value) -> list[str]:
+        if self.type == "categorical":
+            return list(self.choice_overrides[value])
+        return [f"{self.override}={value!r}" if isinstance(value, float) else f"{self.override}={value}"]
+
+    def mitigations(self, value) -> set[str]:
+        return set() if value in NONE_CHOICES else set(str(value).split("+"))
+
+
+@dataclass
+class Objective:
+    metric: str
+    direction: str = "maximize"
+
+
+@dataclass
+class Constraint:
+    metric: str
+    max: float | None = None
+    min: float | None = None
+    missing: str = "fail"   # fail: a trial whose summary lacks the metric fails; ignore: counts as feasible
+
+    @property
+    def key(self) -> str:
+        """The constraint's name in Optuna (`Trial.set_constraint`), e.g. `lm_loss.max`."""
+        return f"{self.metric}.{'max' if self.max is not None else 'min'}"
+
+    def value(self, x: float) -> float:
+        """Optuna's convention: <= 0 is feasible."""
+        return (x - self.max) if self.max is not None else (self.min - x)
+
+
+@dataclass
+class PruneRule:
+    step: int
+    metric: str               # <padding>.<acc_mean|acc_worst|acc_gap>
+    min: float | None = None  # prune when the value is below min ...
+    max: float | None = None  # ... or above max (e.g. for acc_gap)
+
+    @property
+    def logged_key(self) -> str:
+        pad, key = self.metric.split(".")
+        return f"val/{pad}/{key}"
+
+
+@dataclass
+class StudySpec:
+    """A parsed, checked study file (its keys: docs/studies.md)."""
+
+    name: str
+    path: Path
+    base: list[str]
+    params: list[Param]
+    objectives: list[Objective]
+    constraints: list[Constraint] = field(default_factory=list)
+    sampler: dict = field(default_factory=lambda: {"type": "tpe"})
+    n_trials: int = 20
+    timeout: float | None = None
+    storage: str | None = None
+    heartbeat_interval: int = 30
+    grace_period: int = 120
+    max_retry: int = 2
+    pruning: list[PruneRule] = field(default_factory=list)
+    max_failures: int = 5
+    output_dir: Path | None = None
+    reports_dir: Path | None = None
+    experiment_name: str | None = None
+    description: str = ""
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def directions(self) -> list[str]:
+        return [o.direction for o in self.objectives]
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [o.metric for o in self.objectives]
+
+    def storage_url(self, override: str | None = None) -> str:
+        return override or self.storage or f"sqlite:///{(self.path.parent / f'{self.name}.db').resolve()}"
+
+    def reports(self) -> Path:
+        return self.reports_dir or (self.path.parent / "reports" / self.name).resolve()
+
+    def outputs(self) -> Path:
+        return self.output_dir or (OUTPUTS_DIR / "studies" / self.name)
+
+
+def _num(key: str, v, kind=float):
+    if isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    check(isinstance(v, (int, float)) and not isinstance(v, bool), key, v, "must be a number")
+    if kind is int:
+        check(float(v).is_integer(), key, v, "must be an integer")
+        return int(v)
+    return float(v)
+
+
+def _choice_name(c) -> str | int | float | bool | None:
+    """A categorical choice as Optuna stores it: lists (mitigation sets) become 'a+b', [] becomes 'none'."""
+    if isinstance(c, (list, tuple)):
+        return "+".join(str(x) for x in c) if c else "none"
+    return c
+
+
+def _hydra_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v is None:
+        return "null"
+    return str(v)
+
+
+def _parse_param(name: str, d, where: str) -> Param:
+    key = f"{where}.{name}"
+    check(isinstance(d, dict), key, d, "must be a mapping with a 'type'")
+    known = {"type", "override", "choices", "low", "high", "step", "log", "requires"}
+    unknown = sorted(set(d) - known)
+    check(not unknown, f"{key}.{unknown[0] if unknown else ''}", d.get(unknown[0]) if unknown else None,
+          f"is not a param key: allowed keys are {', '.join(sorted(known))}")
+    check_choice(f"{key}.type", d.get("type"), PARAM_TYPES)
+    p = Param(name=name, type=d["type"], override=d.get("override"))
+    if p.override is not None:
+        check(isinstance(p.override, str) and re.fullmatch(r"[+~]?[A-Za-z_][\w.]*", p.override) is not None,
+              f"{key}.override", p.override, "must be a config key such as optim.lr or +mitigation")
+    if p.type == "categorical":
+        choices = d.get("choices")
+        check(isinstance(choices, (list, dict)) and len(choices) > 0, f"{key}.choices", choices,
+              "must be a non-empty list (or a mapping name -> list of overrides)")
+        if isinstance(choices, dict):  # named bundles of overrides, e.g. W8S8: [model.window=8, model.stride=8]
+            check(p.override is None, f"{key}.override", p.override,
+                  "must be absent when choices map names to override lists")
+            for cname, ovs in choices.items():
+                ovs = [] if ovs is None else ovs
+                check(isinstance(ovs, list) and all(isinstance(o, str) and "=" in o for o in ovs),
+                      f"{key}.choices.{cname}", ovs, "must be a list of key=value overrides")
+                p.choices.append(str(cname))
+                p.choice_overrides[str(cname)] = list(ovs)
+        else:
+            check(p.override is not None, f"{key}.override", None,
+                  "is required for a list of choices (the config key the choice sets)")
+            for c in choices:
+                check(c is None or isinstance(c, (str, int, float, bool, list)), f"{key}.choices", c,
+                      "must be a string, number, boolean, null or a list of names")
+                value = _choice_name(c)
+                check(value not in p.choices, f"{key}.choices", c, "appears twice")
+                p.choices.append(value)
+                if p.sets_mitigations:
+                    names = [] if value in NONE_CHOICES else str(value).split("+")
+                    p.choice_overrides[value] = [f"+mitigation=[{','.join(names)}]"] if names else []
+                elif p.override.startswith("+") and value in NONE_CHOICES:  # an optional group left out
+                    p.choice_overrides[value] = []
+                elif isinstance(c, list):
+                    p.choice_overrides[value] = [f"{p.override}=[{','.join(map(_hydra_value, c))}]"]
+                else:
+                    p.choice_overrides[value] = [f"{p.override}={_hydra_value(c)}"]
+    else:
+        check(p.override is not None, f"{key}.override", None, "is required (the config key the param sets)")
+        check(not p.override.startswith(("+", "~")) or p.override.startswith("+"), f"{key}.override", p.override,
+              "cannot delete a key")
+        kind = int if p.type == "int" else float
+        p.low = _num(f"{key}.low", d.get("low"), kind)
+        p.high = _num(f"{key}.high", d.get("high"), kind)
+        check(p.low <= p.high, f"{key}.high", p.high, f"must be >= low ({p.low})")
+        p.log = bool(d.get("log", False)) or p.type == "logfloat"
+        if p.type == "logfloat":
+            p.type = "float"
+        if d.get("step") is not None:
+            p.step = _num(f"{key}.step", d["step"], kind)
+            check(p.step > 0, f"{key}.step", p.step, "must be > 0")
+            check(not p.log, f"{key}.step", p.step, "cannot be combined with log: true")
+        if p.log:
+            check(p.low > 0, f"{key}.low", p.low, "must be > 0 with a log scale")
+    requires = d.get("requires")
+    if requires is None and p.override and p.override.lstrip("+").startswith("mitigation."):
+        parts = p.override.lstrip("+").split(".")
+        requires = [parts[1]] if len(parts) > 2 else None  # mitigation.<name>.<key>: only when <name> is on
+    if requires is not None:
+        requires = [requires] if isinstance(requires, str) else requires
+        check(isinstance(requires, list) and all(isinstance(r, str) for r in requires), f"{key}.requires",
+              requires, "must be a mitigation name or a list of them")
+        p.requires = tuple(requires)
+    return p
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read and validate a study file; every problem is a one-line ConfigError naming the key."""
+    path = Path(path).expanduser()
+    check(path.is_file(), "study file", str(path), "does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    check(isinstance(raw, dict), "study file", str(path), "must hold a mapping")
+    try:
+        return _parse_spec(raw, path.resolve())
+    except ConfigError as e:
+        raise ConfigError(f"{path.name}: {e}") from None
+
+
+def _parse_spec(raw: dict, path: Path) -> StudySpec:
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    check(not unknown, unknown[0] if unknown else "", raw.get(unknown[0]) if unknown else None,
+          f"is not a study key: allowed keys are {', '.join(TOP_KEYS)}")
+    name = raw.get("name") or path.stem
+    check(isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) is not None, "name", name,
+          "must be letters, digits, '_', '.', '-'")
+    base = raw.get("base") or []
+    check(isinstance(base, list) and all(isinstance(o, str) and "=" in o for o in base), "base", base,
+          "must be a list of key=value overrides")
+    params_raw = raw.get("params") or {}
+    check(isinstance(params_raw, dict), "params", params_raw, "must be a mapping name -> {type, ...}")
+    params = [_parse_param(str(n), d, "params") for n, d in params_raw.items()]
+    mit = [p for p in params if p.sets_mitigations]
+    check(len(mit) <= 1, "params", [p.name for p in mit], "at most one param may choose the mitigation set")
+    base_mit = [o for o in base if o.lstrip("+").startswith("mitigation=")]
+    if mit:
+        check(not base_mit, "base", base_mit[0] if base_mit else None,
+              f"sets the mitigations that params.{mit[0].name} chooses")
+    params.sort(key=lambda p: not p.sets_mitigations)  # the mitigation set first: weights depend on it
+    for p in params:  # a weight of a mitigation that is never enabled is a typo
+        for r in p.requires:
+            possible = base_mitigations(base) | {m for pm in mit for c in pm.choices for m in pm.mitigations(c)}
+            check(r in possible, f"params.{p.name}.requires", r,
+                  f"mitigation {r!r} is never enabled (base or a mitigation-set param)")
+
+    objectives_raw = raw.get("objectives") or ["prefix.acc_mean", "prefix.acc_worst"]
+    check(isinstance(objectives_raw, list), "objectives", objectives_raw, "must be a list")
+    objectives = []
+    for i, o in enumerate(objectives_raw):
+        if isinstance(o, str):
+            o = {"metric": o}
+        check(isinstance(o, dict) and isinstance(o.get("metric"), str), f"objectives[{i}]", o,
+              "must be a metric name (maximised) or {metric: NAME, direction: maximize|minimize}")
+        check(set(o) <= {"metric", "direction"}, f"objectives[{i}]", o, "allowed keys are metric, direction")
+        d = o.get("direction", "maximize")
+        check_choice(f"objectives[{i}].direction", d, DIRECTIONS)
+        objectives.append(Objective(o["metric"], d))
+    check(len({o.metric for o in objectives}) == len(objectives), "objectives", objectives_raw, "repeat a metric")
+
+    constraints = []
+    for i, c in enumerate(raw.get("constraints") or []):
+        key = f"constraints[{i}]"
+        check(isinstance(c, dict) and isinstance(c.get("metric"), str), key, c,
+              "must be {metric: NAME, max: X} or {metric: NAME, min: X}")
+        check(set(c) <= {"metric", "max", "min", "missing"}, key, c, "allowed keys are metric, max, min, missing")
+        check(("max" in c) != ("min" in c), key, c, "needs exactly one of max, min")
+        missing = c.get("missing", "fail")
+        check_choice(f"{key}.missing", missing, ("fail", "ignore"))
+        bound = "max" if "max" in c else "min"
+        constraints.append(Constraint(c["metric"], **{bound: _num(f"{key}.{bound}", c[bound])}, missing=missing))
+
+    sampler = raw.get("sampler") or {}
+    if isinstance(sampler, str):
+        sampler = {"type": sampler}
+    check(isinstance(sampler, dict), "sampler", sampler, "must be a sampler name or {type: tpe|nsga2|random, ...}")
+    sampler = {"type": "tpe", **sampler}
+    check_choice("sampler.type", sampler["type"], SAMPLERS)
+    allowed = {"tpe": {"type", "seed", "n_startup_trials", "multivariate"},
+               "nsga2": {"type", "seed", "population_size"}, "random": {"type", "seed"}}[sampler["type"]]
+    bad = sorted(set(sampler) - allowed)
+    check(not bad, f"sampler.{bad[0] if bad else ''}", sampler.get(bad[0]) if bad else None,
+          f"is not an option of the {sampler['type']} sampler: allowed are {', '.join(sorted(allowed))}")
+    for k in ("seed", "n_startup_trials", "population_size"):
+        if sampler.get(k) is not None:
+            sampler[k] = _num(f"sampler.{k}", sampler[k], int)
+    if "population_size" in sampler:
+        check(sampler["population_size"] >= 2, "sampler.population_size", sampler["population_size"], "must be >= 2")
+
+    storage = raw.get("storage") or {}
+    if isinstance(storage, str):
+        storage = {"url": storage}
+    check(isinstance(storage, dict), "storage", storage, "must be a URL or {url, heartbeat_interval, grace_period, "
+          "max_retry}")
+    bad = sorted(set(storage) - {"url", "heartbeat_interval", "grace_period", "max_retry"})
+    check(not bad, f"storage.{bad[0] if bad else ''}", None,
+          "is not a storage key: allowed are url, heartbeat_interval, grace_period, max_retry")
+    hb = _num("storage.heartbeat_interval", storage.get("heartbeat_interval", 30), int)
+    grace = _num("storage.grace_period", storage.get("grace_period", max(120, 4 * hb)), int)
+    check(hb >= 1, "storage.heartbeat_interval", hb, "must be >= 1 second")
+    check(grace > hb, "storage.grace_period", grace, f"must be > heartbeat_interval ({hb})")
+    max_retry = _num("storage.max_retry", storage.get("max_retry", 2), int)
+    check(max_retry >= 0, "storage.max_retry", max_retry, "must be >= 0")
+    url = storage.get("url")
+    if url is not None:
+        check_storage_url(url, "storage.url")
+
+    pruning = []
+    for i, r in enumerate(raw.get("pruning") or []):
+        key = f"pruning[{i}]"
+        check(isinstance(r, dict) and {"step", "metric"} <= set(r) and set(r) <= {"step", "metric", "min", "max"},
+              key, r, "must be {step: N, metric: <padding>.<acc_mean|acc_worst|acc_gap>, min: X or max: X}")
+        check(("min" in r) != ("max" in r), key, r, "needs exactly one of min, max")
+        pad, _, m = str(r["metric"]).partition(".")
+        check_choice(f"{key}.metric", m, VAL_METRICS)
+        check_choice(f"{key}.metric", pad, ("prefix", "in_sequence"))
+        bound = "min" if "min" in r else "max"
+        pruning.append(PruneRule(step=_num(f"{key}.step", r["step"], int), metric=f"{pad}.{m}",
+                                 **{bound: _num(f"{key}.{bound}", r[bound])}))
+
+    n_trials = _num("n_trials", raw.get("n_trials", 20), int)
+    check(n_trials >= 1, "n_trials", n_trials, "must be >= 1")
+    timeout = raw.get("timeout")
+    if timeout is not None:
+        timeout = _num("timeout", timeout)
+        check(timeout > 0, "timeout", timeout, "must be > 0 seconds")
+    max_failures = _num("max_failures", raw.get("max_failures", 5), int)
+    check(max_failures >= 1, "max_failures", max_failures, "must be >= 1")
+
+    def a_path(key):
+        v = raw.get(key)
+        if v is None:
+            return None
+        check(isinstance(v, str), key, v, "must be a path")
+        p = Path(v).expanduser()
+        return (p if p.is_absolute() else path.parent / p).resolve()
+
+    exp = raw.get("experiment_name")
+    check(exp is None or isinstance(exp, str), "experiment_name", exp, "must be a string")
+    return StudySpec(name=name, path=path, base=list(base), params=params, objectives=objectives,
+                     constraints=constraints, sampler=sampler, n_trials=n_trials, timeout=timeout, storage=url,
+                     heartbeat_interval=hb, grace_period=grace, max_retry=max_retry, pruning=pruning,
+                     max_failures=max_failures, output_dir=a_path("output_dir"), reports_dir=a_path("reports_dir"),
+                     experiment_name=exp, description=str(raw.get("description") or ""), raw=raw)
+
+
+def check_storage_url(url, key: str = "--storage") -> None:
+    check(isinstance(url, str) and re.match(r"^(sqlite|postgresql|postgresql\+\w+|mysql|mysql\+\w+)://", url)
+          is not None, key, url, "must be an RDB URL (sqlite:///PATH or postgresql://USER:PASS@HOST/DB): "
+          "Optuna 5 keeps trial heartbeats only in RDB storages")
+
+
+def base_mitigations(base: Sequence[str]) -> set[str]:
+    """The mitigations the base overrides enable (`+mitigation=[a,b]`)."""
+    for o in base:
+        k, _, v = o.lstrip("+").partition("=")
+        if k == "mitigation":
+            return {n.strip() for n in v.strip("[]").split(",") if n.strip()}
+    return set()
+
+
+def validation_overrides(spec: StudySpec) -> list[list[str]]:
+    """A few override lists covering every choice and both ends of every range (with every mitigation any
+    choice enables), composed up front so that a misspelt key fails before any trial."""
+    mit = next((p for p in spec.params if p.sets_mitigations), None)
+    all_mits = sorted({m for c in mit.choices for m in mit.mitigations(c)}) if mit else []
+    n = max([2] + [len(p.choices) for p in spec.params if p.type == "categorical"])
+    combos = []
+    for i in range(n):
+        ovs = list(spec.base)
+        if all_mits:
+            ovs.append(f"+mitigation=[{','.join(all_mits)}]")
+        for p in spec.params:
+            if p.sets_mitigations:
+                continue
+            if p.type == "categorical":
+                ovs += p.overrides(p.choices[min(i, len(p.choices) - 1)])
+            else:
+                v = p.low if i % 2 == 0 else p.high
+                ovs += p.overrides(int(v) if p.type == "int" else float(v))
+        combos.append(ovs)
+    return combos
+
+
+def validate(spec: StudySpec, deep: bool = True) -> None:
+    """Compose the base and the search space's corners (ConfigError naming the key); `plan()` the base."""
+    from phasefix.fit import compose, plan, plan_model
+
+    base_cfg = compose(spec.base)
+    if deep:
+        plan(base_cfg)
+    for ovs in validation_overrides(spec):
+        try:  # a choice the model cannot take (head_coord with one KV head) would fail every trial that draws it
+            plan_model(compose(ovs))
+        except ConfigError as e:
+            raise ConfigError(f"{spec.path.name}: {e}") from None
+    pads = set(base_cfg.eval.paddings)
+    for i, o in enumerate(spec.objectives + spec.constraints):
+        pad = o.metric.split(".")[0]
+        if pad in ("prefix", "in_sequence"):
+            what = f"objectives[{i}]" if i < len(spec.objectives) else f"constraints[{i - len(spec.objectives)}]"
+            check(pad in pads, f"{spec.path.name}: {what}.metric", o.metric,
+                  f"needs eval.paddings to include {pad} (it is {sorted(pads)})")
+    for i, r in enumerate(spec.pruning):
+        check(r.metric.split(".")[0] in pads, f"{spec.path.name}: pruning[{i}].metric", r.metric,
+              f"needs eval.paddings to include {r.metric.split('.')[0]}")
