@@ -138,7 +138,8 @@ def test_fold_of_hca_slots_to_period_24_keeps_only_the_class_mod_8():
     np.testing.assert_allclose(m24[[5, 13, 21]], 1 / 3)  # residues r = 5 (mod 8)
     assert np.count_nonzero(m24) == 3
     np.testing.assert_allclose(fold(np.full(4, 0.25), 24), np.full(24, 1 / 24))
-    assert np.isnan(pearson(np.ones(24), np.arange(24))) and pearson(np.arange(5), 2 * np.arange(5)) == pytest.approx(1.0)
+    assert np.isnan(pearson(np.ones(24), np.arange(24)))
+    assert pearson(np.arange(5), 2 * np.arange(5)) == pytest.approx(1.0)
 
 
 def test_phasefix_model_prediction_per_head():
@@ -207,7 +208,7 @@ def test_cli_gates_on_a_deepseek_v4_checkpoint(hf_dir, uri, tmp_path, capsys):
                  "per_residue=1", "max_prompts=4", "batch_size=4", "threads=1"]) == 0
     text = capsys.readouterr().out
     assert "L0/csa" in text and "L1/hca" in text and "calibrated" in text
-    assert f"predicted weak residue" in text and f"weak phase {STARVED} (mod 4)" in text
+    assert "predicted weak residue" in text and f"weak phase {STARVED} (mod 4)" in text
     rows = (out / "gates_audit.csv").read_text().splitlines()
     header = rows[0].split(",")
     csa = dict(zip(header, rows[1].split(",")))
@@ -249,8 +250,8 @@ def test_cli_errors(hf_dir, tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------ phasefix run
 def test_cli_audit_on_a_phasefix_checkpoint_with_a_hand_set_bias(uri, tmp_path, capsys):
     """A 4-step tiny W4/S4 fit whose slot priors starve slot 1 in every layer, branch and KV head: the audit (slot
-    reading) names phase 1 from the weights, then evaluates the run (accuracy near chance after 4 steps, so the correlation is
-    not asserted: docs/deepseek_v4.md reports it on trained runs)."""
+    reading) names phase 1 from the weights, then evaluates the run (accuracy near chance after 4 steps, so the
+    correlation is not asserted: docs/deepseek_v4.md reports it on trained runs)."""
     from phasefix.fit import compose, fit
 
     old = os.environ.get("PHASEFIX_CACHE")

@@ -331,8 +331,9 @@ def read_compressor_tensors(path: Path) -> dict[str, torch.Tensor]:
                     continue
                 w = st.get_tensor(name)
                 scale = None
-                for s_name in (name + "_scale_inv", name[: -len("weight")] + "scale" if name.endswith("weight") else ""):
-                    if s_name and s_name in names:
+                scales = [name + "_scale_inv"] + ([name[: -len("weight")] + "scale"] if name.endswith("weight") else [])
+                for s_name in scales:
+                    if s_name in names:
                         scale = st.get_tensor(s_name)
                 out[key] = _dequantise(w, scale)
     return out
@@ -536,7 +537,8 @@ def table(biases: Sequence[GateBias], stats: Sequence[dict]) -> str:
         cls = f"{s['weak_class']}/{s['class_period']}"
         chans = s["channels_by_phase"]
         chan = " ".join(str(int(x)) for x in chans[:8]) + (" ..." if len(chans) > 8 else "")
-        lines.append(f"{gb.name:<14}{gb.stride:>5}{gb.window:>5}{s['eff_slots']:>8.2f}{s.get('trust', float('nan')):>8.3f}"
+        trust = s.get("trust", float("nan"))
+        lines.append(f"{gb.name:<14}{gb.stride:>5}{gb.window:>5}{s['eff_slots']:>8.2f}{trust:>8.3f}"
                      f"{s['weak_phase']:>6}{cls:>7}{s['depth']:>7.2f}  {_short(s['mass']):<42} {chan}")
     return "\n".join(lines)
 
@@ -685,7 +687,8 @@ def summary_json(result: dict) -> dict:
     if result.get("calibrated_model"):
         out["calibrated_model"] = {k: plain(v) for k, v in result["calibrated_model"].items()}
     if "comparison" in result:
-        out["comparison"] = {pad: {k: plain(v) for k, v in c.items()} for pad, c in result["comparison"].items()}
+        out["comparison"] = {pad: {k: ({kk: plain(vv) for kk, vv in v.items()} if isinstance(v, dict) else plain(v))
+                                   for k, v in c.items()} for pad, c in result["comparison"].items()}
     return out
 
 
@@ -699,7 +702,9 @@ def compare(model: dict, measured: Sequence[float], stride: int) -> dict:
     acc_phase = np.array([np.nanmean(acc[q::stride]) for q in range(stride)])
     M_phase = np.array([M[q::stride].sum() for q in range(stride)])
     weak_pred, weak_meas = int(M_phase.argmin()), int(np.nanargmin(acc_phase)) if np.isfinite(acc_phase).any() else -1
+    live = M > 0  # residues some slot can answer (phasefix's answer reading gives the boundary phase none)
     return {"pearson_r": pearson(M, acc), "pearson_r_phase": pearson(M_phase, acc_phase),
+            "pearson_r_live": pearson(M[live], acc[live]),
             "predicted_weak_phase": weak_pred, "measured_weak_phase": weak_meas,
             "weak_phase_agrees": float(weak_pred == weak_meas), "acc_phase": acc_phase, "mass_phase": M_phase,
             "acc_residue": acc, "stride": stride, "period": P}
@@ -728,18 +733,28 @@ def audit(opts: dict) -> dict:
     comparison, scalars, curves, figures = {}, {}, {}, {}
     print(f"\nprediction vs measurement ({opts['task']}, period {P}, phases mod {stride}; evaluate run "
           f"{summary.get('mlflow_run_id')})")
-    print(f"{'padding':<12}{'mean':>7}{'worst':>7}{'pearson r':>11}{'r (phase)':>11}{'weak pred':>11}{'weak meas':>11}"
-          "  accuracy by phase")
+    print(f"{'padding':<12}{'mean':>7}{'worst':>7}{'pearson r':>11}{'r (phase)':>11}{'r (live)':>10}{'weak pred':>11}"
+          f"{'weak meas':>11}  accuracy by phase")
     for pad in pads:
         acc = summary[pad]["per_residue"]
         acc = [float("nan") if a is None else a for a in acc]
         cmp = compare(result["model"], acc, stride)
         comparison[pad] = cmp
         print(f"{pad:<12}{summary[pad]['acc_mean']:>7.3f}{summary[pad]['acc_worst']:>7.3f}{cmp['pearson_r']:>11.3f}"
-              f"{cmp['pearson_r_phase']:>11.3f}{cmp['predicted_weak_phase']:>11}{cmp['measured_weak_phase']:>11}  "
+              f"{cmp['pearson_r_phase']:>11.3f}{cmp['pearson_r_live']:>10.3f}{cmp['predicted_weak_phase']:>11}"
+              f"{cmp['measured_weak_phase']:>11}  "
               + " ".join(f"{x:.2f}" for x in cmp["acc_phase"]))
-        for k in ("pearson_r", "pearson_r_phase", "predicted_weak_phase", "measured_weak_phase", "weak_phase_agrees"):
+        for k in ("pearson_r", "pearson_r_phase", "pearson_r_live", "predicted_weak_phase", "measured_weak_phase",
+                  "weak_phase_agrees"):
             scalars[f"audit/{pad}/{k}"] = cmp[k]
+        if result.get("calibrated_model"):  # the same comparison for the measured E[a]
+            cal = compare(result["calibrated_model"], acc, stride)
+            cmp["calibrated"] = {k: cal[k] for k in ("pearson_r", "pearson_r_phase", "pearson_r_live",
+                                                     "predicted_weak_phase", "weak_phase_agrees")}
+            print(f"{'  E[a]':<26}{cal['pearson_r']:>11.3f}{cal['pearson_r_phase']:>11.3f}"
+                  f"{cal['pearson_r_live']:>10.3f}{cal['predicted_weak_phase']:>11}")
+            for k, v in cmp["calibrated"].items():
+                scalars[f"audit/{pad}/calibrated/{k}"] = v
         curves[f"audit/{pad}/acc_residue"] = list(cmp["acc_residue"])
         curves[f"audit/{pad}/acc_phase"] = list(cmp["acc_phase"])
         rows = [(gb.name, s["mass_period"]) for gb, s in zip(result["biases"], result["stats"])]
