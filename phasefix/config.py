@@ -77,6 +77,7 @@ class FitConfig:
     run_name: str | None = None
     output_dir: str | None = None
     resume: str | None = None
+    verbose: bool = False  # the libraries' own output (Lightning, MLflow, datasets) besides phasefix's bars
 
 
 def register_configs() -> None:

@@ -65,7 +65,7 @@ def _progress(iterable: Iterable, total: int | None, desc: str, enabled: bool):
 
 @torch.no_grad()
 def evaluate_phase(model, dataset, *, period: int, stride: int | None = None, n_boot: int = 2000,
-                   batch_size: int = 256, seed: int = 0, progress: bool = False) -> dict:
+                   batch_size: int = 256, seed: int = 0, progress: bool = False, desc: str = "evaluate") -> dict:
     """Full-vocabulary top-1 accuracy at `query_pos` grouped by `residue` (PhaseAccuracy.compute() as a dict).
 
     `model(input_ids [B, T]) -> logits [B, T, V]`; `dataset` has columns input_ids, answer, query_pos, residue,
@@ -74,7 +74,7 @@ def evaluate_phase(model, dataset, *, period: int, stride: int | None = None, n_
     metric = PhaseAccuracy(period, fold_stride=stride, n_boot=n_boot, seed=seed)
     device = next(model.parameters()).device
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    for batch in _progress(loader, len(loader), "evaluate", progress):
+    for batch in _progress(loader, len(loader), desc, progress):
         logits = model(batch["input_ids"].to(device))  # [B, T, V]
         at_query = logits[torch.arange(logits.shape[0], device=device), batch["query_pos"].to(device)]
         correct = (at_query.argmax(-1) == batch["answer"].to(device)).cpu()
@@ -232,31 +232,27 @@ def _load_hf(path: Path, device: str, dtype: str) -> Target:
 
 
 def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str) -> Target:
-    from omegaconf import OmegaConf
-
-    from phasefix import tracking
-    from phasefix.fit import RUN_FILE, data_config, load_checkpoint, resolve_checkpoint
+    from phasefix.fit import data_config
+    from phasefix.run import Run
 
     looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
     check(Path(spec).expanduser().exists() or not looks_like_path, "model", spec,
           "does not exist (a Hugging Face model directory, or a phasefix run id, output directory or .ckpt file)")
-    try:
-        ckpt = resolve_checkpoint(spec, tracking_uri, which)
-    except ConfigError:
-        raise ConfigError(f"model={spec!r} is invalid: must be a Hugging Face model directory (with config.json), "
-                          "or a phasefix fit run id, output directory or .ckpt file") from None
-    module, hp = load_checkpoint(str(ckpt), tracking_uri)
-    run_dir = ckpt.parent.parent
-    check((run_dir / "config.yaml").exists(), "model", spec,
-          f"the checkpoint has no config.yaml in {run_dir} (needed for the task it was trained on)")
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    run = Run.open(spec, tracking_uri, key="model")
+    ckpt = run.checkpoint(which, key="model")
+    module, hp = run.load_module(which, key="model")
+    cfg = run.config
+    check(cfg is not None, "model", spec,
+          f"the checkpoint has no config.yaml in {ckpt.parent.parent} (needed for the task it was trained on)")
+    from omegaconf import OmegaConf
+
     data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     m = hp["model"]
     mitigations = ",".join(hp["mitigation"].keys()) if hp.get("mitigation") else "none"
     tags = {"model": str(m.get("name")), "attention": str(m.get("attention")), "window": str(m.get("window")),
             "stride": str(m.get("stride")), "mitigations": mitigations, "seed": str(hp.get("seed"))}
-    if (run_dir / RUN_FILE).exists():
-        tags["phasefix.source_run"] = tracking.read_json(run_dir / RUN_FILE).get("mlflow_run_id", "")
+    if run.run_id:
+        tags["phasefix.source_run"] = run.run_id
     stride = module.model_config.stride if module.model_config.compressed else None
     return Target("phasefix", module.model.to(device).eval(), str(m.get("name")), str(ckpt),
                   period=int(hp.get("period", 24)), stride=stride, tags=tags, data_cfg=data_cfg)

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -12,15 +11,13 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from phasefix import config as C
 from phasefix import tracking
 from phasefix.errors import ConfigError, check, check_choice
-from phasefix.paths import CONF_DIR, OUTPUTS_DIR
+from phasefix.paths import CONF_DIR
 
-RUN_FILE = "run.json"
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -55,9 +52,27 @@ def _one_line_hydra_error(e: Exception, overrides: Sequence[str]) -> str:
     msg = str(cause).splitlines()
     full_key = next((ln.split(":", 1)[1].strip() for ln in msg if ln.strip().startswith("full_key:")), None)
     first = msg[0] if msg else type(e).__name__
+    if full_key and ("not in" in first or "is not in struct" in first):
+        return unknown_key(full_key)
     if full_key:
         return f"{full_key}: {first}"
     return f"{first} (overrides: {' '.join(overrides)})"
+
+
+def config_keys() -> list[str]:
+    """Every key of the fit config (both data kinds), dotted: what a misspelt key is matched against."""
+    keys = set()
+    for overrides in ([], ["data=lm_mix"]):
+        keys |= set(tracking.flatten(OmegaConf.to_container(compose(overrides), resolve=False)))
+    return sorted(keys)
+
+
+def unknown_key(key: str) -> str:
+    """`unknown key K; did you mean K2?` (difflib over the config's keys)."""
+    import difflib
+
+    close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
+    return f"unknown key {key}" + (f"; did you mean {close[0]}?" if close else " (python -m phasefix.fit --cfg lists the keys)")
 
 
 def plan_model(cfg: DictConfig):
@@ -171,41 +186,79 @@ def run_name(cfg: DictConfig) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ resume
-def find_resume(resume: str) -> tuple[Path, Path]:
-    """(run dir, checkpoint) for `resume=last`, a run output directory or a .ckpt path."""
-    if resume == "last":
-        runs = sorted(OUTPUTS_DIR.glob(f"*/*/{RUN_FILE}"), key=lambda p: p.stat().st_mtime)
-        runs = [r.parent for r in runs if (r.parent / "checkpoints" / "last.ckpt").exists()]
-        check(bool(runs), "resume", resume, f"no run with a last checkpoint under {OUTPUTS_DIR}")
-        return runs[-1], runs[-1] / "checkpoints" / "last.ckpt"
-    path = Path(resume).expanduser().resolve()
-    if path.is_file() and path.suffix == ".ckpt":
-        return path.parent.parent, path
-    check(path.is_dir() and (path / "checkpoints" / "last.ckpt").exists(), "resume", resume,
-          "must be 'last', a run output directory holding checkpoints/last.ckpt, or a .ckpt file")
-    return path, path / "checkpoints" / "last.ckpt"
+# What may differ from the stored config when a run is resumed; every other key is the run's identity (model, data,
+# mitigations, optimiser, seed, evaluation protocol, where it logs) and is refused.
+RESUMABLE = ("trainer.max_steps", "trainer.num_threads", "trainer.progress_bar", "trainer.val_every_n_steps",
+             "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps", "eval.batch_size", "verbose")
+
+
+def resume_config(cfg: DictConfig):
+    """(the run `cfg.resume` names, its stored config with the overrides that may change on resume applied, its
+    checkpoint's step, the seconds trained up to it or None).
+
+    The overrides are the keys of `cfg` that differ from the defaults (`compose(["resume=..."])`); one that differs
+    from the stored value and is not in RESUMABLE raises ConfigError naming it. `trainer.max_steps` below the
+    checkpoint's step is refused; above it, the run trains the extra steps."""
+    from phasefix.run import Run
+
+    run = Run.open(str(cfg.resume), cfg.logger.get("tracking_uri"), key="resume")
+    check(run.dir is not None and run.run_id is not None and run.config is not None, "resume", cfg.resume,
+          "must name a run of phasefix.fit (a directory with run.json and config.yaml), not a bare checkpoint")
+    stored = run.config
+    flat_stored = tracking.flatten(C.to_container(stored))
+    flat_default = tracking.flatten(C.to_container(compose([f"resume={cfg.resume}"])))
+    missing, refused = object(), []
+    for key, value in tracking.flatten(C.to_container(cfg)).items():
+        if key == "resume" or flat_default.get(key, missing) == value or flat_stored.get(key, missing) == value:
+            continue
+        if key not in RESUMABLE:
+            refused.append(f"{key}={value} (the run has {flat_stored.get(key)})")
+            continue
+        OmegaConf.update(stored, key, value, force_add=True)
+    if refused:
+        raise ConfigError(f"cannot change on resume: {', '.join(refused)}; resume without it or start a new run "
+                          f"(on resume only {', '.join(RESUMABLE)} may change)")
+    stored.resume = None
+    step, seconds = run.progress(key="resume")
+    check(stored.trainer.max_steps >= step, "trainer.max_steps", stored.trainer.max_steps,
+          f"must be >= {step} on resume: the run's last checkpoint is at step {step}")
+    return run, stored, step, seconds
 
 
 # ------------------------------------------------------------------------------------------------ fit
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped a fit; the message says how to resume it (`python -m phasefix.fit` exits 130)."""
+
+
 def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     """Train, evaluate by phase (both paddings), log to MLflow; return the summary (also in summary.json).
 
-    `callbacks`: extra Lightning callbacks (e.g. a study's pruner reading `val/<padding>/acc_*`)."""
+    `callbacks`: extra Lightning callbacks (e.g. a study's pruner reading `val/<padding>/acc_*`).
+    With `resume`: continue that run in the same MLflow run and output directory (see `resume_config`); metric
+    points logged after its checkpoint and its final results are replaced, not duplicated; a run already trained to
+    `trainer.max_steps` and evaluated returns its summary without training. Ctrl-C saves `last.ckpt` at the
+    interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import MLFlowLogger
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from phasefix import console
     from phasefix.data.lm_mix import LMMixConfig
-    from phasefix.module import PhaseFixModule, RetrievalDataModule
+    from phasefix.module import LastCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger, TrainClock
+    from phasefix.run import Run, outputs_dir
 
-    resume_ckpt = None
-    if cfg.get("resume"):
-        run_dir, resume_ckpt = find_resume(str(cfg.resume))
-        stored = OmegaConf.load(run_dir / "config.yaml")
-        stored.resume = None
-        cfg = stored
-        run_info = tracking.read_json(run_dir / RUN_FILE)
+    console.quiet(bool(cfg.get("verbose")))
+    run, start_step, before_seconds = None, 0, 0.0
+    resuming = bool(cfg.get("resume"))
+    if resuming:
+        run, cfg, start_step, before_seconds = resume_config(cfg)
+        previous = run.summary
+        if before_seconds is None:  # a checkpoint written before train time was recorded in checkpoints
+            before_seconds = (previous or {}).get("train_seconds", 0.0)
+        if previous is not None and start_step >= cfg.trainer.max_steps:
+            print(f"phasefix fit: {run.dir} is trained to step {start_step} = trainer.max_steps and evaluated; "
+                  "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
+            return previous
     p = plan(cfg)  # raises ConfigError before anything is written
     model_cfg, data_cfg = p["model"], p["data"]
     is_lm_mix = isinstance(data_cfg, LMMixConfig)
@@ -221,29 +274,33 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                 for pad in cfg.eval.paddings}
 
     c = tracking.client(cfg.logger.tracking_uri)
-    if resume_ckpt is None:
+    if run is None:
         out_dir = Path(cfg.output_dir) if cfg.output_dir else (
-            OUTPUTS_DIR / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{run_name(cfg)}")
-        out_dir.mkdir(parents=True, exist_ok=True)
+            outputs_dir() / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{run_name(cfg)}")
         exp_id = tracking.get_or_create_experiment(c, cfg.logger.experiment_name)
         mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
-        run = c.create_run(exp_id, run_name=run_name(cfg), tags={
+        mlflow_run = c.create_run(exp_id, run_name=run_name(cfg), tags={
             "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
             "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
             "git_commit": tracking.git_commit(), "phasefix.kind": "fit", "output_dir": str(out_dir),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
             **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
-        run_id = run.info.run_id
+        run_id = mlflow_run.info.run_id
         tracking.log_params(c, run_id, resolved)
         c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        tracking.write_json(out_dir / RUN_FILE, {"mlflow_run_id": run_id, "tracking_uri": c.tracking_uri})
+        run = Run.create(out_dir, run_id, c.tracking_uri, OmegaConf.to_yaml(cfg, resolve=True))
     else:
-        out_dir, run_id = run_dir, run_info["mlflow_run_id"]
+        out_dir, run_id = run.dir, run.run_id
+        tracking.rewind(c, run_id, start_step)  # what this piece logs again: after the checkpoint, the final results
         c.update_run(run_id, status="RUNNING")
-        c.set_tag(run_id, "resumed_from", str(resume_ckpt))
+        c.set_tag(run_id, "resumed_from", f"{run.checkpoint()} (step {start_step})")
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
+        c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        (out_dir / "summary.json").unlink(missing_ok=True)  # it described the state before this piece
+    resume_ckpt = run.checkpoint() if resuming else None
 
-    status = "FAILED"
+    status, trainer = "FAILED", None
+    ckpt_dir = out_dir / "checkpoints"
     try:
         module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
                                 optim=OmegaConf.to_container(cfg.optim, resolve=True),
@@ -255,14 +312,17 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
                                    eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                    max_steps=cfg.trainer.max_steps)
-        logger = MLFlowLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
+        logger = RunLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
                               run_id=run_id)
-        ckpt_dir = out_dir / "checkpoints"
+        verbose = bool(cfg.get("verbose"))
         callbacks = [
             ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
                             every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
             ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=f"val/{cfg.eval.paddings[0]}/acc_mean",
                             mode="max", save_top_k=1, auto_insert_metric_name=False),
+            LastCheckpoint(dirpath=ckpt_dir, filename="last"),
+            TrainClock(before_seconds),
+            *([console.TrainProgress(cfg.eval.paddings[0])] if cfg.trainer.progress_bar and not verbose else []),
             *callbacks,
         ]
         trainer = L.Trainer(
@@ -270,14 +330,14 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             precision=cfg.trainer.precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
             gradient_clip_val=cfg.trainer.gradient_clip_val, val_check_interval=cfg.trainer.val_every_n_steps,
             check_val_every_n_epoch=None, log_every_n_steps=cfg.trainer.log_every_n_steps,
-            deterministic=cfg.trainer.deterministic, enable_progress_bar=cfg.trainer.progress_bar,
+            deterministic=cfg.trainer.deterministic, enable_progress_bar=bool(cfg.trainer.progress_bar and verbose),
             enable_model_summary=False, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
             use_distributed_sampler=False, default_root_dir=str(out_dir))
+        t_fit = time.time()
         trainer.fit(module, datamodule=data, ckpt_path=str(resume_ckpt) if resume_ckpt else None)
         if trainer.interrupted:
-            status = "KILLED"
             raise KeyboardInterrupt
-        train_seconds = time.time() - t_start
+        train_seconds = before_seconds + (time.time() - t_fit)
 
         # the final phase evaluation, on fresh prompts with intervals
         from phasefix.evaluate import evaluate_phase
@@ -287,22 +347,30 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         for pad in cfg.eval.paddings:
             ds = eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.per_residue, cfg.eval.seed)
             results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
-                                          n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size)
+                                          n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
+                                          progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
         summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
         if is_lm_mix:
             val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
             summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
             c.log_metric(run_id, "final/lm_loss", summary["lm_loss"])
-        log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets)
+        log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, trainer.global_step)
         tracking.write_json(out_dir / "summary.json", summary)
         c.log_artifact(run_id, str(out_dir / "summary.json"))
         status = "FINISHED"
         return summary
-    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C; SIGTERM: Lightning raises SIGTERMException (exit code 0)
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
         status = "KILLED"
+        if isinstance(e, SystemExit) and not isinstance(e, SIGTERMException) and not (trainer and trainer.interrupted):
+            raise
+        step = f" at step {trainer.global_step}" if trainer is not None else ""
+        saved = f"; checkpoint {ckpt_dir / 'last.ckpt'}" if (ckpt_dir / "last.ckpt").exists() else ""
+        hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
+                if saved else f"interrupted{step} before any checkpoint was written")
         if isinstance(e, SIGTERMException):
+            print(hint, file=sys.stderr)
             raise SystemExit(128 + 15) from e  # the shell's code for "terminated by SIGTERM"
-        raise
+        raise RunInterrupted(hint) from None
     finally:
         c.set_terminated(run_id, status=status)
 
@@ -310,6 +378,9 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir) -> dict:
     summary = {"mlflow_run_id": run_id, "model": model_cfg.name, "attention": model_cfg.attention,
                "window": model_cfg.window, "stride": model_cfg.stride,
+               # the costs a study constrains (compression at equal cache size): docs/mitigations.md
+               "compressor_flops_per_token": model_cfg.compressor_flops_per_token(),
+               "cache_entries_per_token": model_cfg.cache_entries_per_token(),
                "train_seconds": round(train_seconds, 1), "total_seconds": round(total_seconds, 1),
                "output_dir": str(out_dir)}
     for pad, res in results.items():
@@ -329,7 +400,7 @@ def _plain(v):
     return v
 
 
-def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets) -> None:
+def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, step: int = 0) -> None:
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
     fig = tracking.phase_figure(results, model_cfg.stride,
@@ -344,41 +415,13 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets) -> 
         for layer, branches in enumerate(static):
             for branch, prob in branches.items():
                 for h, e in enumerate(effective_slots(prob).tolist()):
-                    c.log_metric(run_id, f"gates/L{layer}/{branch}/h{h}/eff_slots", e)
+                    c.log_metric(run_id, f"gates/L{layer}/{branch}/h{h}/eff_slots", e, step=step)
         tracking.log_figure(c, run_id, gate_heatmap(static), "gate_heatmap.png")
 
 
-def resolve_checkpoint(run: str, tracking_uri: str | None = None, which: str = "last") -> Path:
-    """A checkpoint path from a .ckpt path, a run output directory, or an MLflow run id."""
-    path = Path(run).expanduser()
-    if path.is_file():
-        return path.resolve()
-    if path.is_dir():
-        ckpt = path / "checkpoints" / f"{which}.ckpt"
-        check(ckpt.exists(), "run", run, f"the directory holds no checkpoints/{which}.ckpt")
-        return ckpt.resolve()
-    try:
-        out = tracking.client(tracking_uri).get_run(run).data.tags.get("output_dir")
-    except Exception:
-        out = None
-    check(out is not None, "run", run, "must be a .ckpt file, a run output directory or an MLflow run id of a fit")
-    return resolve_checkpoint(out, which=which)
-
-
-def load_checkpoint(run: str, tracking_uri: str | None = None, which: str = "last"):
-    """(PhaseFixModule with the trained weights, its hyper-parameters) from `resolve_checkpoint(run)`;
-    loaded with weights_only=True."""
-    from phasefix.module import PhaseFixModule
-
-    ckpt = torch.load(resolve_checkpoint(run, tracking_uri, which), map_location="cpu", weights_only=True)
-    hp = dict(ckpt["hyper_parameters"])
-    module = PhaseFixModule(**hp)
-    module.load_state_dict(ckpt["state_dict"])
-    return module.eval(), hp
-
-
 def print_summary(summary: dict) -> None:
-    print(f"\nphasefix fit: {summary['model']} ({summary['attention']}, W{summary['window']}/S{summary['stride']}), "
+    shape = "full" if summary["attention"] == "full" else f"{summary['attention']}, W{summary['window']}/S{summary['stride']}"
+    print(f"\nphasefix fit: {summary['model']} ({shape}), "
           f"trained in {summary['train_seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
     print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")
     for pad in ("prefix", "in_sequence"):
@@ -389,12 +432,30 @@ def print_summary(summary: dict) -> None:
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
 
 
+def print_help() -> None:
+    """Hydra's help template (`hydra.help.template` in conf/fit.yaml) with the config groups filled in."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="fit", return_hydra_config=True)
+    groups = "\n".join(f"  {g.name:<11} " + ", ".join(sorted(p.stem for p in g.glob("*.yaml")))
+                       for g in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()))
+    print(cfg.hydra.help.template.replace("$APP_CONFIG_GROUPS", groups))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from phasefix.console import verbose_flag
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        print("Config groups:", ", ".join(sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())))
+    if any(a in ("-h", "--help") for a in argv):
+        print_help()
         return 0
+    argv, verbose = verbose_flag(argv)
+    if verbose:
+        argv.append("verbose=true")
     show_cfg = "--cfg" in argv
     argv = [a for a in argv if a != "--cfg"]
     try:
@@ -406,6 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(str(e) or "interrupted", file=sys.stderr)
+        return 130
     print_summary(summary)
     return 0
 

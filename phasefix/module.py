@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 
 import lightning as L
+from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -202,3 +206,50 @@ class RetrievalDataModule(L.LightningDataModule):
 
     def val_dataloader(self):
         return [DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False) for ds in self.val_sets.values()]
+
+
+class TrainClock(Callback):
+    """Seconds spent training, saved in every checkpoint (`before` + this piece), so that the train time of a run
+    resumed in pieces adds up."""
+
+    def __init__(self, before: float = 0.0):
+        self.before, self.t0 = float(before), None
+
+    def on_train_start(self, trainer, pl_module):
+        self.t0 = time.time()
+
+    @property
+    def seconds(self) -> float:
+        return self.before + (time.time() - self.t0 if self.t0 is not None else 0.0)
+
+    def state_dict(self):
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, state_dict):
+        pass  # `before` comes from the checkpoint already (fit reads it before training)
+
+
+class RunLogger(MLFlowLogger):
+    """Lightning's MLflow logger without the `epoch` value Lightning adds to every logging call (one epoch per run
+    here; logged at each step where training and validation both log, it only duplicates points)."""
+
+    def log_metrics(self, metrics, step=None):
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        if metrics:
+            super().log_metrics(metrics, step)
+
+
+class LastCheckpoint(OnExceptionCheckpoint):
+    """`last.ckpt` where training stops: at max_steps (so that raising trainer.max_steps continues from the final
+    state) and at an interrupt (Ctrl-C, SIGTERM; Lightning's OnExceptionCheckpoint), so the run continues from the
+    interrupted step. After a crash (e.g. a non-finite loss) the last good periodic checkpoint stays `last`."""
+
+    def on_train_end(self, trainer, pl_module):
+        trainer.save_checkpoint(self.ckpt_path)
+
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            super().on_exception(trainer, pl_module, exception)
+
+    def teardown(self, trainer, pl_module, stage):
+        pass  # OnExceptionCheckpoint deletes its file at teardown; this one is the run's last.ckpt and stays

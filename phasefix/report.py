@@ -77,9 +77,11 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
     rows, curves, flips = [], {}, []
     for run in runs:
         rid, tags, metrics = run.info.run_id, run.data.tags, run.data.metrics
+        full = tags.get("attention") == "full"  # no compression: no window or stride to report
         base = {"run_id": rid, "run_name": run.info.run_name or rid[:8], "kind": tags.get("phasefix.kind", ""),
                 "task": tags.get("task", "kv_lookup (trained)" if tags.get("phasefix.kind") == "fit" else ""),
-                "model": tags.get("model", ""), "window": tags.get("window", ""), "stride": tags.get("stride", ""),
+                "model": tags.get("model", ""), "attention": tags.get("attention", ""),
+                "window": "" if full else tags.get("window", ""), "stride": "" if full else tags.get("stride", ""),
                 "mitigations": tags.get("mitigations", ""), "parent": tags.get("mlflow.parentRunId", "")}
         if "flip/period_detected" in metrics:
             flips.append({**base, **{k: metrics.get(f"flip/{k}") for k in ("period_detected", "period_fft",
@@ -99,6 +101,13 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
                          "gap_ci_low": _num(gci[0]), "gap_ci_high": _num(gci[1])})
             curves[(rid, pad)] = tracking.metric_curve(c, rid, f"phase_acc/{pad}")
     return rows, curves, flips
+
+
+def left_out(runs: Sequence, rows: Sequence[Mapping], flips: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """(run id, why) for each selected run that has no row and no flip result: unfinished, killed, failed."""
+    shown = {r["run_id"] for r in rows} | {f["run_id"] for f in flips}
+    return [(r.info.run_id, f"{r.info.run_name or r.info.run_id[:8]}: no final phase results (status {r.info.status})")
+            for r in runs if r.info.run_id not in shown]
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -124,7 +133,8 @@ def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
     lines = ["| run | kind | task | model | W/S | mitigations | padding | mean | worst [95% CI] | best | gap [95% CI] "
              "| period |", "|" + "---|" * 12]
     for r in rows:
-        ws = f"{r['window']}/{r['stride']}" if r["window"] else (r["stride"] or "")
+        ws = "full" if r.get("attention") == "full" else (
+            f"{r['window']}/{r['stride']}" if r["window"] else (r["stride"] or ""))
         lines.append(f"| {r['run_name']} (`{r['run_id'][:8]}`) | {r['kind']} | {r['task']} | {r['model']} | {ws} | "
                      f"{r['mitigations']} | {r['padding']} | {_fmt(r['acc_mean'])} | "
                      f"{_fmt(r['acc_worst'])}{ci(r['worst_ci_low'], r['worst_ci_high'])} | {_fmt(r['acc_best'])} | "
@@ -306,7 +316,7 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
             c.log_artifact(report_run_id, str(out / name))
         c.set_terminated(report_run_id, status="FINISHED")
     return {"out": str(out), "runs": [r.info.run_id for r in runs], "rows": rows, "flips": flips, "pareto": prows,
-            "files": files, "report_run_id": report_run_id}
+            "files": files, "report_run_id": report_run_id, "left_out": left_out(runs, rows, flips)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -320,8 +330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print((Path(res["out"]) / "comparison.md").read_text(), end="")
-    print(f"\n{len(res['runs'])} runs; written to {res['out']}: {', '.join(res['files'])}"
+    left = res["left_out"]
+    print(f"\n{len(res['runs']) - len(left)} of {len(res['runs'])} runs reported; written to {res['out']}: "
+          f"{', '.join(res['files'])}"
           + (f"; logged to MLflow run {res['report_run_id']}" if res["report_run_id"] else ""))
+    for rid, why in left:
+        print(f"left out {rid[:8]} {why}")
     return 0
 
 

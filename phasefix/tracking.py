@@ -133,20 +133,47 @@ def log_text(c: MlflowClient, run_id: str, text: str, path: str) -> None:
 
 def log_phase_result(c: MlflowClient, run_id: str, padding: str, res: Mapping, step: int = 0) -> None:
     """The final phase curve of one padding mode: `phase_acc/<padding>` with step = residue (so the MLflow UI
-    overlays curves across runs), one scalar per residue, and the summary scalars."""
+    overlays curves across runs) and the summary scalars `final/<padding>/<key>`; the per-residue values with their
+    counts and intervals go to the `phase_table.csv` artifact (`residue_table`), not to 24 scalars."""
     from mlflow.entities import Metric
     import time
 
     ts = int(time.time() * 1000)
     metrics = [Metric(f"phase_acc/{padding}", float(a), ts, r)
                for r, a in enumerate(res["per_residue"]) if not math.isnan(float(a))]
-    metrics += [Metric(f"phase_acc/{padding}/r{r:02d}", float(a), ts, step)
-                for r, a in enumerate(res["per_residue"]) if not math.isnan(float(a))]
     for key in ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio"):
         if key in res and res[key] is not None and not math.isnan(float(res[key])):
             metrics.append(Metric(f"final/{padding}/{key}", float(res[key]), ts, step))
     for i in range(0, len(metrics), 500):
         c.log_batch(run_id, metrics=metrics[i:i + 500])
+
+
+FINAL_PREFIXES = ("phase_acc/", "final/")
+
+
+def rewind(c: MlflowClient, run_id: str, step: int) -> bool:
+    """Before a run resumes from its checkpoint at `step`: delete the metric points it will log again (those at steps
+    after `step`, and the final results `phase_acc/*`, `final/*` of an earlier end), so the history has no
+    duplicate points. SQL stores only (MLflow has no client call to delete metrics); False elsewhere."""
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from sqlalchemy import or_
+
+    store = c._tracking_client.store
+    if not isinstance(store, SqlAlchemyStore):
+        return False
+    with store.ManagedSessionMaker(read_only=False) as session:
+        stale = or_(SqlMetric.step > step, *[SqlMetric.key.startswith(p) for p in FINAL_PREFIXES])
+        session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, stale).delete(synchronize_session=False)
+        session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == run_id).delete(synchronize_session=False)
+        latest = {}
+        for m in session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id):
+            best = latest.get(m.key)
+            if best is None or (m.step, m.timestamp, m.value) > (best.step, best.timestamp, best.value):
+                latest[m.key] = m
+        session.add_all(SqlLatestMetric(key=m.key, value=m.value, timestamp=m.timestamp, step=m.step, is_nan=m.is_nan,
+                                        run_uuid=run_id) for m in latest.values())
+    return True
 
 
 def residue_table(results: Mapping[str, Mapping]) -> str:
@@ -194,18 +221,15 @@ def log_metric_values(c: MlflowClient, run_id: str, scalars: Mapping[str, float]
 # ------------------------------------------------------------------------------------------------ reading runs back
 def select_runs(c: MlflowClient, *, experiment: str | None = None, run_ids: "Sequence[str]" = (),
                 tags: Mapping[str, str] | None = None, kinds: "Sequence[str]" = ("fit", "evaluate")) -> list:
-    """Runs by id (in that order), or those of `experiment` whose tags all match and whose `phasefix.kind` is in
+    """Runs by id or unique id prefix (in that order), or those of `experiment` whose tags all match and whose `phasefix.kind` is in
     `kinds` (oldest first). Raises ConfigError naming the option when nothing can be selected (phasefix.report)."""
     from phasefix.errors import ConfigError
 
     tags = dict(tags or {})
     if run_ids:
-        runs = []
-        for rid in run_ids:
-            try:
-                runs.append(c.get_run(rid))
-            except Exception:
-                raise ConfigError(f"runs={rid!r} is invalid: no such MLflow run in {c.tracking_uri}") from None
+        from phasefix.run import resolve_run_id
+
+        runs = [c.get_run(resolve_run_id(c, rid, key="runs")) for rid in run_ids]  # ids or unique prefixes
     else:
         exp = c.get_experiment_by_name(experiment or "phasefix")
         if exp is None:

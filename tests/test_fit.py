@@ -44,8 +44,7 @@ def test_every_config_group_composes(group, option):
     from phasefix.fit import plan
 
     prefix = "+" if group in ("mitigation", "experiment") else ""
-    extra = ["model.vocab_size=384"] if (group, option) == ("data", "lm_mix") else []  # bytes need the room
-    cfg = compose([f"{prefix}{group}={option}", *extra])
+    cfg = compose([f"{prefix}{group}={option}"])  # every option works alone (data=lm_mix brings its vocabulary)
     if group == "experiment":  # a global package: it rewrites other groups
         assert cfg.run_name
     else:
@@ -207,3 +206,141 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mon
 def test_unknown_key_is_one_line():
     with pytest.raises(ConfigError, match="model.foo"):
         compose(["model.foo=1"])
+
+
+def test_misspelt_key_gets_a_suggestion(tmp_path, capsys):
+    assert main(["trainer.max_step=60"] + run_overrides(tmp_path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown key trainer.max_step; did you mean trainer.max_steps?"
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_help_is_the_hydra_template_with_groups_keys_and_examples(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for group in ("model", "data", "trainer", "mitigation", "experiment"):
+        assert f"\n  {group} " in out
+    assert "trainer.max_steps (800)" in out and "resume" in out
+    assert out.count("python -m phasefix.fit ") >= 3
+
+
+def test_data_group_brings_the_vocabulary_it_needs():
+    from phasefix.fit import plan
+
+    cfg = compose(["data=lm_mix"])
+    assert cfg.data.kind == "lm_mix"
+    plan(cfg)  # model.vocab_size fits the byte tokens after the task's keys and values
+    assert compose(["data=lm_mix", "model.vocab_size=512"]).model.vocab_size == 512
+
+
+def metric_steps(c, run_id: str) -> dict[str, list[int]]:
+    """Every metric's logged steps (a key logged twice at one step appears twice)."""
+    keys = c.get_run(run_id).data.metrics
+    return {k: sorted(m.step for m in c.get_metric_history(run_id, k)) for k in keys}
+
+
+def test_resume_with_raised_max_steps_trains_the_extra_steps_and_logs_one_curve(tmp_path, capsys):
+    """A finished 16-step run resumed with trainer.max_steps=24 trains steps 17..24 from the final state, in the same
+    MLflow run, with one final curve, no metric logged twice at one step, and train time over both pieces; a
+    changed model key is refused with one line and nothing written; resuming a finished run trains nothing."""
+    from phasefix.run import Run
+
+    small = FAST + ["trainer.max_steps=16", "trainer.batch_size=16", "trainer.log_every_n_steps=1",
+                    "trainer.val_every_n_steps=8"]
+    first = fit(compose(small + run_overrides(tmp_path)))
+    out = tmp_path / "run"
+    assert Run.open(str(out)).progress()[0] == 16  # the final state is the last checkpoint
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    config_before = (out / "config.yaml").read_text()
+
+    assert main([f"resume={out}", "model.window=8"]) == 2  # the run's identity cannot change
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.window=8" in err[0] and "cannot change on resume" in err[0]
+    assert (out / "config.yaml").read_text() == config_before
+    assert c.get_run(first["mlflow_run_id"]).info.status == "FINISHED"
+
+    second = fit(compose([f"resume={out}", "trainer.max_steps=24"]))
+    assert second["mlflow_run_id"] == first["mlflow_run_id"]
+    assert Run.open(str(out)).progress()[0] == 24
+    assert second["train_seconds"] > first["train_seconds"]
+    steps = metric_steps(c, first["mlflow_run_id"])
+    for key, logged in steps.items():
+        assert len(logged) == len(set(logged)), f"{key} logged twice at one step: {logged}"
+    assert steps["phase_acc/prefix"] == list(range(24)) and steps["final/prefix/acc_mean"] == [0]
+    assert max(steps["train/loss"]) >= 23 and min(steps["train/loss"]) <= 1  # both pieces, one history
+    assert not any("/r0" in k for k in steps)  # per-residue values live in phase_table.csv, not in 48 scalars
+    assert json.loads((out / "summary.json").read_text()) == second
+
+    history = {k: len(v) for k, v in steps.items()}
+    again = fit(compose([f"resume={out}"]))  # trained to max_steps and evaluated: nothing to do
+    assert again == second
+    assert {k: len(v) for k, v in metric_steps(c, first["mlflow_run_id"]).items()} == history
+
+
+def wait_for_metric(c, exp_name: str, key: str, min_step: int, proc, timeout: float = 300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        exp = c.get_experiment_by_name(exp_name)
+        runs = c.search_runs([exp.experiment_id]) if exp else []
+        if runs and any(m.step >= min_step for m in c.get_metric_history(runs[0].info.run_id, key)):
+            return runs[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no {key} at step {min_step} within {timeout}s")
+
+
+def test_ctrl_c_checkpoints_the_step_exits_130_and_resume_last_continues(tmp_path, monkeypatch):
+    """SIGINT mid-training: a checkpoint at the interrupted step (no periodic one is due), exit 130, one line saying how
+    to resume, the MLflow run KILLED; `resume=last` is then this run and finishes it."""
+    from phasefix.run import Run
+
+    monkeypatch.setenv("PHASEFIX_OUTPUTS", str(tmp_path / "outputs"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "phasefix.fit", *FAST, "trainer.max_steps=100000",
+                             "trainer.checkpoint_every_n_steps=100000", "trainer.log_every_n_steps=1",
+                             "trainer.batch_size=16", f"logger.tracking_uri={uri}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    c = MlflowClient(tracking_uri=uri)
+    run = wait_for_metric(c, "phasefix", "train/loss", 3, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    run_dir = Path(run.data.tags["output_dir"])
+    assert last.endswith(f"python -m phasefix.fit resume={run_dir}"), err
+    step, _ = Run.open(str(run_dir)).progress()
+    assert step >= 3  # a checkpoint at the interrupted step; no periodic one was due
+    assert not list((run_dir / "checkpoints").glob("step*.ckpt"))
+    assert c.get_run(run.info.run_id).info.status == "KILLED"
+    assert Run.open("last").dir == run_dir
+
+    done = fit(compose(["resume=last", f"trainer.max_steps={step + 2}"]))
+    assert done["mlflow_run_id"] == run.info.run_id
+    assert Run.open(str(run_dir)).progress()[0] == step + 2
+    assert c.get_run(run.info.run_id).info.status == "FINISHED"
+    loss_steps = [m.step for m in c.get_metric_history(run.info.run_id, "train/loss")]
+    assert len(loss_steps) == len(set(loss_steps)) and max(loss_steps) >= step + 1
+
+
+def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
+    from phasefix.run import Run, resolve_run_id
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.create_experiment("phasefix")
+    ids = [c.create_run(exp, run_name=f"r{i}", tags={"phasefix.kind": "fit", "output_dir": str(tmp_path)}).info.run_id
+           for i in range(17)]  # 17 ids over 16 hex digits: two share their first character
+    for rid in ids:
+        n = next(n for n in range(1, 33) if sum(o.startswith(rid[:n]) for o in ids) == 1)
+        assert resolve_run_id(c, rid[:n]) == rid
+        assert resolve_run_id(c, rid[:n].upper()) == rid
+    shared = next(rid[0] for rid in ids if sum(o.startswith(rid[0]) for o in ids) > 1)
+    with pytest.raises(ConfigError, match="ambiguous") as e:
+        resolve_run_id(c, shared, key="runs")
+    assert str(e.value).startswith(f"runs={shared!r}")
+    for rid in ids:
+        assert (rid in str(e.value)) == rid.startswith(shared)
+    with pytest.raises(ConfigError, match="no MLflow run id"):
+        resolve_run_id(c, "0" * 31 if not any(r.startswith("0" * 31) for r in ids) else "f" * 31)
+    (tmp_path / "checkpoints").mkdir()
+    assert Run.open(ids[0], tracking_uri=c.tracking_uri).dir == tmp_path

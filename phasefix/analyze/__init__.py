@@ -112,43 +112,26 @@ class RunContext:
         return ["prefix", "in_sequence"] if padding == "both" else [padding]
 
 
-def _run_dir(run: str, ckpt: Path) -> Path | None:
-    path = Path(run).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    d = ckpt.parent.parent  # <output_dir>/checkpoints/x.ckpt
-    return d if (d / "config.yaml").exists() or (d / "run.json").exists() else None
-
-
 def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> RunContext:
-    """The run's trained model and evaluation task. `run`: MLflow run id, run output directory or .ckpt path."""
+    """The run's trained model and evaluation task. `run`: as `phasefix.run.Run.open` takes it (an MLflow run id or a
+    unique prefix of one, a run output directory, a .ckpt path, last)."""
     from omegaconf import OmegaConf
 
     from phasefix import fit as F
-    from phasefix import tracking
+    from phasefix.run import Run
 
-    ckpt = F.resolve_checkpoint(run, tracking_uri, which)
-    module, hp = F.load_checkpoint(str(ckpt), which=which)
-    out_dir = _run_dir(run, ckpt)
-    run_id, uri = None, tracking_uri
-    if out_dir is not None and (out_dir / F.RUN_FILE).exists():
-        info = tracking.read_json(out_dir / F.RUN_FILE)
-        run_id, uri = info.get("mlflow_run_id"), tracking_uri or info.get("tracking_uri")
-    elif not Path(run).expanduser().exists():
-        run_id = run  # resolved as an MLflow run id above
-    if out_dir is not None and (out_dir / "config.yaml").exists():
-        cfg = OmegaConf.load(out_dir / "config.yaml")
-        data_cfg = F.data_config(OmegaConf.to_container(cfg.data, resolve=True))
-        eval_seed = int(cfg.eval.seed)
-    else:
-        warnings.warn(f"no config.yaml beside {ckpt}: evaluating on the default data config", stacklevel=2)
+    r = Run.open(run, tracking_uri)
+    module, hp = r.load_module(which)
+    cfg = r.config
+    if cfg is None:
+        warnings.warn(f"no config.yaml beside {r.checkpoint(which)}: evaluating on the default data config",
+                      stacklevel=2)
         cfg = F.compose([])
-        data_cfg = F.data_config(OmegaConf.to_container(cfg.data, resolve=True))
-        eval_seed = int(cfg.eval.seed)
+    data_cfg = F.data_config(OmegaConf.to_container(cfg.data, resolve=True))
     model = module.model.eval()
     return RunContext(module=module, model=model, config=model.config, hparams=hp, period=int(hp["period"]),
-                      data_cfg=data_cfg, eval_seed=eval_seed, output_dir=out_dir,
-                      run_id=run_id, tracking_uri=uri)
+                      data_cfg=data_cfg, eval_seed=int(cfg.eval.seed), output_dir=r.dir,
+                      run_id=r.run_id, tracking_uri=r.tracking_uri or tracking_uri)
 
 
 def eval_set(ctx: RunContext, padding: str, per_residue: int, seed: int):

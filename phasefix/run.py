@@ -1,0 +1,174 @@
+"""A trained run's home: its output directory, config, checkpoints and MLflow run id (issue 20, first step).
+
+Every command that names a run (`fit resume=`, `evaluate model=`, `analyze run=`, `report runs=`) goes through
+`Run.open(spec)`, or through `resolve_run_id` when only the MLflow run is needed. `spec` is one of
+
+  last                     the run trained most recently (newest checkpoints/last.ckpt under the outputs directory)
+  a run output directory   outputs/<date>/<time>-<name>/ (run.json, config.yaml, checkpoints/)
+  a .ckpt file             that checkpoint (its run is the directory above checkpoints/, when there is one)
+  an MLflow run id         or any unique prefix of one, such as the 8 characters the tools print
+
+The outputs directory is <project>/outputs, or $PHASEFIX_OUTPUTS when set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from phasefix.errors import ConfigError, check
+from phasefix.paths import OUTPUTS_DIR
+
+RUN_FILE = "run.json"
+RUN_SPEC = "'last', an MLflow run id (or a unique prefix of one), a run output directory or a .ckpt file"
+
+
+def outputs_dir() -> Path:
+    return Path(os.environ.get("PHASEFIX_OUTPUTS") or OUTPUTS_DIR)
+
+
+def resolve_run_id(c, spec: str, key: str = "run") -> str:
+    """The full MLflow run id that `spec` (a run id or any unique prefix of one) names, in the store of client `c`;
+    ConfigError naming `key` when no run or several runs match (listing them)."""
+    from mlflow.entities import ViewType
+
+    spec = str(spec).strip()
+    check(bool(re.fullmatch(r"[0-9a-fA-F]{1,32}", spec)), key, spec,
+          f"no such MLflow run in {c.tracking_uri} (a run id is 32 hex digits; any unique prefix of one works)")
+    spec = spec.lower()
+    if len(spec) == 32:
+        try:
+            return c.get_run(spec).info.run_id
+        except Exception:
+            raise ConfigError(f"{key}={spec!r} is invalid: no such MLflow run in {c.tracking_uri}") from None
+    exps = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    matches = list(c.search_runs(exps, f"attributes.run_id LIKE '{spec}%'", max_results=11)) if exps else []
+    if not matches:
+        raise ConfigError(f"{key}={spec!r} is invalid: no MLflow run id in {c.tracking_uri} starts with it")
+    if len(matches) > 1:
+        listed = ", ".join(f"{r.info.run_id} ({r.info.run_name})" for r in matches[:10])
+        more = " and more" if len(matches) > 10 else ""
+        raise ConfigError(f"{key}={spec!r} is ambiguous: it starts the MLflow run ids {listed}{more}; "
+                          "give more characters")
+    return matches[0].info.run_id
+
+
+@dataclasses.dataclass
+class Run:
+    """A run of `phasefix.fit`: `dir` (None for a bare .ckpt file), its MLflow run id and store (None when unknown),
+    and `ckpt` when a checkpoint file was named explicitly."""
+
+    dir: Path | None
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    ckpt: Path | None = None
+
+    # ---- finding a run
+    @classmethod
+    def open(cls, spec: str, tracking_uri: str | None = None, key: str = "run") -> "Run":
+        """The run `spec` names (see the module doc); ConfigError naming `key` when it names none."""
+        spec = str(spec).strip()
+        check(spec != "", key, spec, f"must be {RUN_SPEC}")
+        if spec == "last":
+            return cls.last(key)
+        path = Path(spec).expanduser()
+        if path.is_file():
+            check(path.suffix == ".ckpt", key, spec, f"must be {RUN_SPEC}")
+            d = path.resolve().parent.parent
+            home = d if (d / RUN_FILE).exists() or (d / "config.yaml").exists() else None
+            return cls._from_dir(home, tracking_uri, ckpt=path.resolve()) if home else cls(None, ckpt=path.resolve())
+        if path.is_dir():
+            check((path / RUN_FILE).exists() or (path / "checkpoints").is_dir(), key, spec,
+                  "the directory is not a run output directory (no run.json, no checkpoints/)")
+            return cls._from_dir(path.resolve(), tracking_uri)
+        looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
+        check(not looks_like_path, key, spec, f"does not exist (must be {RUN_SPEC})")
+        from phasefix import tracking
+
+        c = tracking.client(tracking_uri)
+        run_id = resolve_run_id(c, spec, key)
+        run = c.get_run(run_id)
+        out = run.data.tags.get("output_dir")
+        check(run.data.tags.get("phasefix.kind", "fit") == "fit" and out is not None, key, spec,
+              f"MLflow run {run_id} is not a run of phasefix.fit (kind {run.data.tags.get('phasefix.kind')!r})")
+        check(Path(out).is_dir(), key, spec, f"the output directory of MLflow run {run_id} is gone: {out}")
+        return cls(Path(out), run_id, c.tracking_uri)
+
+    @classmethod
+    def last(cls, key: str = "resume") -> "Run":
+        """The run whose last checkpoint was written most recently (an interrupted run included)."""
+        ckpts = [p for p in outputs_dir().glob("*/*/checkpoints/last.ckpt") if (p.parent.parent / RUN_FILE).exists()]
+        check(bool(ckpts), key, "last", f"no run with a last checkpoint under {outputs_dir()}")
+        newest = max(ckpts, key=lambda p: p.stat().st_mtime)
+        return cls._from_dir(newest.parent.parent, None)
+
+    @classmethod
+    def _from_dir(cls, d: Path, tracking_uri: str | None, ckpt: Path | None = None) -> "Run":
+        from phasefix.tracking import read_json
+
+        info = read_json(d / RUN_FILE) if (d / RUN_FILE).exists() else {}
+        return cls(d, info.get("mlflow_run_id"), tracking_uri or info.get("tracking_uri"), ckpt)
+
+    @classmethod
+    def create(cls, out_dir: Path, run_id: str, tracking_uri: str, config_yaml: str) -> "Run":
+        """A new run's home: config.yaml and run.json (the MLflow run it logs to)."""
+        from phasefix.tracking import write_json
+
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(config_yaml)
+        write_json(out_dir / RUN_FILE, {"mlflow_run_id": run_id, "tracking_uri": tracking_uri})
+        return cls(out_dir, run_id, tracking_uri)
+
+    # ---- what it holds
+    @property
+    def name(self) -> str:
+        return str(self.dir or self.ckpt)
+
+    @property
+    def config(self):
+        """The resolved config the run was trained with (config.yaml), or None."""
+        from omegaconf import OmegaConf
+
+        if self.dir is None or not (self.dir / "config.yaml").exists():
+            return None
+        return OmegaConf.load(self.dir / "config.yaml")
+
+    @property
+    def summary(self) -> dict | None:
+        from phasefix.tracking import read_json
+
+        p = self.dir / "summary.json" if self.dir else None
+        return read_json(p) if p and p.exists() else None
+
+    def checkpoint(self, which: str = "last", key: str = "run") -> Path:
+        """checkpoints/<which>.ckpt (the named .ckpt when the run was opened from one)."""
+        if self.ckpt is not None:
+            return self.ckpt
+        ckpt = self.dir / "checkpoints" / f"{which}.ckpt"
+        check(ckpt.exists(), key, str(self.dir), f"the directory holds no checkpoints/{which}.ckpt")
+        return ckpt
+
+    def load_module(self, which: str = "last", key: str = "run"):
+        """(PhaseFixModule in eval mode with the trained weights, its hyper-parameters); weights_only=True."""
+        import torch
+
+        from phasefix.module import PhaseFixModule
+
+        ckpt = torch.load(self.checkpoint(which, key), map_location="cpu", weights_only=True)
+        hp = dict(ckpt["hyper_parameters"])
+        module = PhaseFixModule(**hp)
+        module.load_state_dict(ckpt["state_dict"])
+        return module.eval(), hp
+
+    def progress(self, which: str = "last", key: str = "run") -> tuple[int, float | None]:
+        """(the training step its checkpoint was saved at, seconds trained up to it, None when not recorded)."""
+        import torch
+
+        ckpt = torch.load(self.checkpoint(which, key), map_location="cpu", weights_only=True)
+        seconds = (ckpt.get("callbacks") or {}).get("TrainClock", {}).get("seconds")
+        return int(ckpt["global_step"]), seconds
+
+
+__all__ = ["RUN_FILE", "Run", "outputs_dir", "resolve_run_id"]
