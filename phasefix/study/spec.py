@@ -17,8 +17,12 @@ from phasefix.paths import OUTPUTS_DIR
 
 TOP_KEYS = ("name", "description", "base", "params", "objectives", "constraints", "sampler", "n_trials", "timeout",
             "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name")
+PARAM_KEYS = ("choices", "high", "log", "low", "override", "requires", "step", "type")
 PARAM_TYPES = ("categorical", "int", "float", "logfloat")
-SAMPLERS = ("tpe", "nsga2", "random")
+SAMPLER_KEYS = {"tpe": ("type", "seed", "n_startup_trials", "multivariate"),
+                "nsga2": ("type", "seed", "population_size"), "random": ("type", "seed")}
+SAMPLERS = tuple(SAMPLER_KEYS)
+STORAGE_KEYS = ("url", "heartbeat_interval", "grace_period", "max_retry")
 DIRECTIONS = ("maximize", "minimize")
 VAL_METRICS = ("acc_mean", "acc_worst", "acc_gap")  # what the module logs as val/<padding>/<key>
 NONE_CHOICES = ("none", "null", "", None)
@@ -160,10 +164,7 @@ def _hydra_value(v) -> str:
 def _parse_param(name: str, d, where: str) -> Param:
     key = f"{where}.{name}"
     check(isinstance(d, dict), key, d, "must be a mapping with a 'type'")
-    known = {"type", "override", "choices", "low", "high", "step", "log", "requires"}
-    unknown = sorted(set(d) - known)
-    check(not unknown, f"{key}.{unknown[0] if unknown else ''}", d.get(unknown[0]) if unknown else None,
-          f"is not a param key: allowed keys are {', '.join(sorted(known))}")
+    _known_keys(d, PARAM_KEYS, key, "a param key")
     check_choice(f"{key}.type", d.get("type"), PARAM_TYPES)
     p = Param(name=name, type=d["type"], override=d.get("override"))
     if p.override is not None:
@@ -245,105 +246,16 @@ def load_spec(path: str | Path) -> StudySpec:
 
 
 def _parse_spec(raw: dict, path: Path) -> StudySpec:
-    unknown = sorted(set(raw) - set(TOP_KEYS))
-    check(not unknown, unknown[0] if unknown else "", raw.get(unknown[0]) if unknown else None,
-          f"is not a study key: allowed keys are {', '.join(TOP_KEYS)}")
+    _known_keys(raw, TOP_KEYS, "", "a study key")
     name = raw.get("name") or path.stem
     check(isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) is not None, "name", name,
           "must be letters, digits, '_', '.', '-'")
     base = raw.get("base") or []
     check(isinstance(base, list) and all(isinstance(o, str) and "=" in o for o in base), "base", base,
           "must be a list of key=value overrides")
-    params_raw = raw.get("params") or {}
-    check(isinstance(params_raw, dict), "params", params_raw, "must be a mapping name -> {type, ...}")
-    params = [_parse_param(str(n), d, "params") for n, d in params_raw.items()]
-    mit = [p for p in params if p.sets_mitigations]
-    check(len(mit) <= 1, "params", [p.name for p in mit], "at most one param may choose the mitigation set")
-    base_mit = [o for o in base if o.lstrip("+").startswith("mitigation=")]
-    if mit:
-        check(not base_mit, "base", base_mit[0] if base_mit else None,
-              f"sets the mitigations that params.{mit[0].name} chooses")
-    params.sort(key=lambda p: not p.sets_mitigations)  # the mitigation set first: weights depend on it
-    for p in params:  # a weight of a mitigation that is never enabled is a typo
-        for r in p.requires:
-            possible = base_mitigations(base) | {m for pm in mit for c in pm.choices for m in pm.mitigations(c)}
-            check(r in possible, f"params.{p.name}.requires", r,
-                  f"mitigation {r!r} is never enabled (base or a mitigation-set param)")
-
-    objectives_raw = raw.get("objectives") or ["prefix.acc_mean", "prefix.acc_worst"]
-    check(isinstance(objectives_raw, list), "objectives", objectives_raw, "must be a list")
-    objectives = []
-    for i, o in enumerate(objectives_raw):
-        if isinstance(o, str):
-            o = {"metric": o}
-        check(isinstance(o, dict) and isinstance(o.get("metric"), str), f"objectives[{i}]", o,
-              "must be a metric name (maximised) or {metric: NAME, direction: maximize|minimize}")
-        check(set(o) <= {"metric", "direction"}, f"objectives[{i}]", o, "allowed keys are metric, direction")
-        d = o.get("direction", "maximize")
-        check_choice(f"objectives[{i}].direction", d, DIRECTIONS)
-        objectives.append(Objective(o["metric"], d))
-    check(len({o.metric for o in objectives}) == len(objectives), "objectives", objectives_raw, "repeat a metric")
-
-    constraints = []
-    for i, c in enumerate(raw.get("constraints") or []):
-        key = f"constraints[{i}]"
-        check(isinstance(c, dict) and isinstance(c.get("metric"), str), key, c,
-              "must be {metric: NAME, max: X} or {metric: NAME, min: X}")
-        check(set(c) <= {"metric", "max", "min", "missing"}, key, c, "allowed keys are metric, max, min, missing")
-        check(("max" in c) != ("min" in c), key, c, "needs exactly one of max, min")
-        missing = c.get("missing", "fail")
-        check_choice(f"{key}.missing", missing, ("fail", "ignore"))
-        bound = "max" if "max" in c else "min"
-        constraints.append(Constraint(c["metric"], **{bound: _num(f"{key}.{bound}", c[bound])}, missing=missing))
-
-    sampler = raw.get("sampler") or {}
-    if isinstance(sampler, str):
-        sampler = {"type": sampler}
-    check(isinstance(sampler, dict), "sampler", sampler, "must be a sampler name or {type: tpe|nsga2|random, ...}")
-    sampler = {"type": "tpe", **sampler}
-    check_choice("sampler.type", sampler["type"], SAMPLERS)
-    allowed = {"tpe": {"type", "seed", "n_startup_trials", "multivariate"},
-               "nsga2": {"type", "seed", "population_size"}, "random": {"type", "seed"}}[sampler["type"]]
-    bad = sorted(set(sampler) - allowed)
-    check(not bad, f"sampler.{bad[0] if bad else ''}", sampler.get(bad[0]) if bad else None,
-          f"is not an option of the {sampler['type']} sampler: allowed are {', '.join(sorted(allowed))}")
-    for k in ("seed", "n_startup_trials", "population_size"):
-        if sampler.get(k) is not None:
-            sampler[k] = _num(f"sampler.{k}", sampler[k], int)
-    if "population_size" in sampler:
-        check(sampler["population_size"] >= 2, "sampler.population_size", sampler["population_size"], "must be >= 2")
-
-    storage = raw.get("storage") or {}
-    if isinstance(storage, str):
-        storage = {"url": storage}
-    check(isinstance(storage, dict), "storage", storage, "must be a URL or {url, heartbeat_interval, grace_period, "
-          "max_retry}")
-    bad = sorted(set(storage) - {"url", "heartbeat_interval", "grace_period", "max_retry"})
-    check(not bad, f"storage.{bad[0] if bad else ''}", None,
-          "is not a storage key: allowed are url, heartbeat_interval, grace_period, max_retry")
-    hb = _num("storage.heartbeat_interval", storage.get("heartbeat_interval", 30), int)
-    grace = _num("storage.grace_period", storage.get("grace_period", max(120, 4 * hb)), int)
-    check(hb >= 1, "storage.heartbeat_interval", hb, "must be >= 1 second")
-    check(grace > hb, "storage.grace_period", grace, f"must be > heartbeat_interval ({hb})")
-    max_retry = _num("storage.max_retry", storage.get("max_retry", 2), int)
-    check(max_retry >= 0, "storage.max_retry", max_retry, "must be >= 0")
-    url = storage.get("url")
-    if url is not None:
-        check_storage_url(url, "storage.url")
-
-    pruning = []
-    for i, r in enumerate(raw.get("pruning") or []):
-        key = f"pruning[{i}]"
-        check(isinstance(r, dict) and {"step", "metric"} <= set(r) and set(r) <= {"step", "metric", "min", "max"},
-              key, r, "must be {step: N, metric: <padding>.<acc_mean|acc_worst|acc_gap>, min: X or max: X}")
-        check(("min" in r) != ("max" in r), key, r, "needs exactly one of min, max")
-        pad, _, m = str(r["metric"]).partition(".")
-        check_choice(f"{key}.metric", m, VAL_METRICS)
-        check_choice(f"{key}.metric", pad, ("prefix", "in_sequence"))
-        bound = "min" if "min" in r else "max"
-        pruning.append(PruneRule(step=_num(f"{key}.step", r["step"], int), metric=f"{pad}.{m}",
-                                 **{bound: _num(f"{key}.{bound}", r[bound])}))
-
+    sections = dict(params=_parse_params(raw.get("params"), base), objectives=_parse_objectives(raw.get("objectives")),
+                    constraints=_parse_constraints(raw.get("constraints")), sampler=_parse_sampler(raw.get("sampler")),
+                    **_parse_storage(raw.get("storage")), pruning=_parse_pruning(raw.get("pruning")))
     n_trials = _num("n_trials", raw.get("n_trials", 20), int)
     check(n_trials >= 1, "n_trials", n_trials, "must be >= 1")
     timeout = raw.get("timeout")
@@ -363,11 +275,116 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
 
     exp = raw.get("experiment_name")
     check(exp is None or isinstance(exp, str), "experiment_name", exp, "must be a string")
-    return StudySpec(name=name, path=path, base=list(base), params=params, objectives=objectives,
-                     constraints=constraints, sampler=sampler, n_trials=n_trials, timeout=timeout, storage=url,
-                     heartbeat_interval=hb, grace_period=grace, max_retry=max_retry, pruning=pruning,
+    return StudySpec(name=name, path=path, base=list(base), **sections, n_trials=n_trials, timeout=timeout,
                      max_failures=max_failures, output_dir=a_path("output_dir"), reports_dir=a_path("reports_dir"),
                      experiment_name=exp, description=str(raw.get("description") or ""), raw=raw)
+
+
+def _known_keys(d: dict, allowed: Sequence[str], where: str, what: str) -> None:
+    """One line naming the first unknown key of the mapping at `where` and the allowed ones."""
+    unknown = sorted((k for k in d if k not in allowed), key=str)
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        check(False, key, d[unknown[0]], f"is not {what}: allowed keys are {', '.join(allowed)}")
+
+
+def _parse_params(raw, base: list[str]) -> list[Param]:
+    raw = raw or {}
+    check(isinstance(raw, dict), "params", raw, "must be a mapping name -> {type, ...}")
+    params = [_parse_param(str(n), d, "params") for n, d in raw.items()]
+    mit = [p for p in params if p.sets_mitigations]
+    check(len(mit) <= 1, "params", [p.name for p in mit], "at most one param may choose the mitigation set")
+    base_mit = [o for o in base if o.lstrip("+").startswith("mitigation=")]
+    if mit:
+        check(not base_mit, "base", base_mit[0] if base_mit else None,
+              f"sets the mitigations that params.{mit[0].name} chooses")
+    params.sort(key=lambda p: not p.sets_mitigations)  # the mitigation set first: weights depend on it
+    possible = base_mitigations(base) | {m for pm in mit for c in pm.choices for m in pm.mitigations(c)}
+    for p in params:  # a weight of a mitigation that is never enabled is a typo
+        for r in p.requires:
+            check(r in possible, f"params.{p.name}.requires", r,
+                  f"mitigation {r!r} is never enabled (base or a mitigation-set param)")
+    return params
+
+
+def _parse_objectives(raw) -> list[Objective]:
+    raw = raw or ["prefix.acc_mean", "prefix.acc_worst"]
+    check(isinstance(raw, list), "objectives", raw, "must be a list")
+    objectives = []
+    for i, o in enumerate(raw):
+        if isinstance(o, str):
+            o = {"metric": o}
+        check(isinstance(o, dict) and isinstance(o.get("metric"), str), f"objectives[{i}]", o,
+              "must be a metric name (maximised) or {metric: NAME, direction: maximize|minimize}")
+        check(set(o) <= {"metric", "direction"}, f"objectives[{i}]", o, "allowed keys are metric, direction")
+        d = o.get("direction", "maximize")
+        check_choice(f"objectives[{i}].direction", d, DIRECTIONS)
+        objectives.append(Objective(o["metric"], d))
+    check(len({o.metric for o in objectives}) == len(objectives), "objectives", raw, "repeat a metric")
+    return objectives
+
+
+def _parse_constraints(raw) -> list[Constraint]:
+    constraints = []
+    for i, c in enumerate(raw or []):
+        key = f"constraints[{i}]"
+        check(isinstance(c, dict) and isinstance(c.get("metric"), str), key, c,
+              "must be {metric: NAME, max: X} or {metric: NAME, min: X}")
+        check(set(c) <= {"metric", "max", "min", "missing"}, key, c, "allowed keys are metric, max, min, missing")
+        check(("max" in c) != ("min" in c), key, c, "needs exactly one of max, min")
+        missing = c.get("missing", "fail")
+        check_choice(f"{key}.missing", missing, ("fail", "ignore"))
+        bound = "max" if "max" in c else "min"
+        constraints.append(Constraint(c["metric"], **{bound: _num(f"{key}.{bound}", c[bound])}, missing=missing))
+    return constraints
+
+
+def _parse_sampler(raw) -> dict:
+    sampler = {"type": raw} if isinstance(raw, str) else raw or {}
+    check(isinstance(sampler, dict), "sampler", sampler, "must be a sampler name or {type: tpe|nsga2|random, ...}")
+    sampler = {"type": "tpe", **sampler}
+    check_choice("sampler.type", sampler["type"], SAMPLERS)
+    _known_keys(sampler, SAMPLER_KEYS[sampler["type"]], "sampler", f"an option of the {sampler['type']} sampler")
+    for k in ("seed", "n_startup_trials", "population_size"):
+        if sampler.get(k) is not None:
+            sampler[k] = _num(f"sampler.{k}", sampler[k], int)
+    if "population_size" in sampler:
+        check(sampler["population_size"] >= 2, "sampler.population_size", sampler["population_size"], "must be >= 2")
+    return sampler
+
+
+def _parse_storage(raw) -> dict:
+    """StudySpec's storage fields: storage (the URL), heartbeat_interval, grace_period, max_retry."""
+    storage = {"url": raw} if isinstance(raw, str) else raw or {}
+    check(isinstance(storage, dict), "storage", storage, "must be a URL or {url, heartbeat_interval, grace_period, "
+          "max_retry}")
+    _known_keys(storage, STORAGE_KEYS, "storage", "a storage key")
+    hb = _num("storage.heartbeat_interval", storage.get("heartbeat_interval", 30), int)
+    grace = _num("storage.grace_period", storage.get("grace_period", max(120, 4 * hb)), int)
+    check(hb >= 1, "storage.heartbeat_interval", hb, "must be >= 1 second")
+    check(grace > hb, "storage.grace_period", grace, f"must be > heartbeat_interval ({hb})")
+    max_retry = _num("storage.max_retry", storage.get("max_retry", 2), int)
+    check(max_retry >= 0, "storage.max_retry", max_retry, "must be >= 0")
+    url = storage.get("url")
+    if url is not None:
+        check_storage_url(url, "storage.url")
+    return {"storage": url, "heartbeat_interval": hb, "grace_period": grace, "max_retry": max_retry}
+
+
+def _parse_pruning(raw) -> list[PruneRule]:
+    pruning = []
+    for i, r in enumerate(raw or []):
+        key = f"pruning[{i}]"
+        check(isinstance(r, dict) and {"step", "metric"} <= set(r) and set(r) <= {"step", "metric", "min", "max"},
+              key, r, "must be {step: N, metric: <padding>.<acc_mean|acc_worst|acc_gap>, min: X or max: X}")
+        check(("min" in r) != ("max" in r), key, r, "needs exactly one of min, max")
+        pad, _, m = str(r["metric"]).partition(".")
+        check_choice(f"{key}.metric", m, VAL_METRICS)
+        check_choice(f"{key}.metric", pad, ("prefix", "in_sequence"))
+        bound = "min" if "min" in r else "max"
+        pruning.append(PruneRule(step=_num(f"{key}.step", r["step"], int), metric=f"{pad}.{m}",
+                                 **{bound: _num(f"{key}.{bound}", r[bound])}))
+    return pruning
 
 
 def check_storage_url(url, key: str = "--storage") -> None:
