@@ -726,6 +726,8 @@ def audit(opts: dict) -> dict:
     for key in ("device", "tracking_uri", "max_length"):
         if opts[key] is not None:
             ev[key] = opts[key]
+    if not opts["log"] and opts["tracking_uri"] is None:  # evaluate always logs: keep it out of the project's store
+        ev["tracking_uri"] = f"sqlite:///{(result['out'] / 'evaluate' / 'mlflow.db').resolve()}"
     if source.kind == "phasefix":
         ev["which"] = opts["which"]
         ev.pop("max_length", None)
