@@ -164,6 +164,40 @@ def test_phasefix_model_prediction_per_head():
     assert answer["L1/value/h0"]["mass"][0] < 0.01 < answer["L1/value/h1"]["mass"][0]
 
 
+def test_weights_are_read_from_shards_under_the_original_names(tmp_path):
+    """The original DeepSeek-V4 release's names (`layers.0.attn.compressor.ape`, `.wgate.`, `attn_norm`, the
+    indexer under `attn.indexer.compressor`) and an FP8 gate map with a block scale read like transformers' own."""
+    from safetensors.torch import save_file
+
+    from phasefix.analyze.audit import read_compressor_tensors
+
+    model = tiny_model()
+    ref = state_tensors(model)
+    p = "layers.0.attn."
+    gate = ref["layers.0.self_attn.compressor.gate_proj.weight"]  # [64, 64]
+    scale = torch.full((1, 1), 0.5)  # one 128 x 128 block
+    shards = {
+        "a.safetensors": {p + "compressor.ape": ref["layers.0.self_attn.compressor.position_bias"],
+                          p + "compressor.wgate.weight": (gate / 0.5).to(torch.float8_e4m3fn),
+                          p + "compressor.wgate.weight_scale_inv": scale,
+                          p + "compressor.wkv.weight": torch.zeros(64, 64),  # not read
+                          "layers.0.attn_norm.weight": ref["layers.0.input_layernorm.weight"]},
+        "b.safetensors": {p + "indexer.compressor.ape": ref["layers.0.self_attn.compressor.indexer.position_bias"],
+                          "layers.1.attn.compressor.ape": ref["layers.1.self_attn.compressor.position_bias"],
+                          "mtp.0.attn.compressor.ape": torch.zeros(4, 64)},  # the MTP layer is not a decoder layer
+    }
+    for name, tensors in shards.items():
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp_path / name)
+    got = read_compressor_tensors(tmp_path)
+    assert set(got) == {"layers.0.self_attn.compressor.position_bias", "layers.0.self_attn.compressor.gate_proj.weight",
+                        "layers.0.input_layernorm.weight", "layers.0.self_attn.compressor.indexer.position_bias",
+                        "layers.1.self_attn.compressor.position_bias"}
+    torch.testing.assert_close(got["layers.0.self_attn.compressor.gate_proj.weight"], gate, rtol=0.07, atol=1e-3)
+    biases = hf_gate_biases(got, model.config)
+    assert [b.name for b in biases] == ["L0/csa", "L0/indexer", "L1/hca"]
+    assert predict(biases[0], 24)["weak_phase"] == STARVED and biases[1].content is None
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
