@@ -287,3 +287,19 @@ def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):
     assert main(args + [f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]  # MLflow may log too
     assert len(errors) == 1 and key in errors[0]
+
+
+def test_phasefix_run_named_by_a_unique_mlflow_id_prefix(tmp_path):
+    from phasefix import tracking
+    from phasefix.fit import compose
+
+    run_dir = tmp_path / "fitrun"
+    _save_fit_run(run_dir, compose([]))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    exp = tracking.get_or_create_experiment(c, "phasefix")
+    run_id = c.create_run(exp, run_name="fit", tags={"phasefix.kind": "fit", "output_dir": str(run_dir)}).info.run_id
+    summary = evaluate([f"model={run_id[:8]}", "task=kv_lookup", "per_residue=1", "padding=prefix"]
+                       + run_args(tmp_path, "out"))
+    assert summary["source"] == str(run_dir / "checkpoints" / "last.ckpt")
+    assert c.get_run(summary["mlflow_run_id"]).data.tags["phasefix.source_run"] == run_id

@@ -149,3 +149,25 @@ def test_seed_rows_group_runs_named_by_seed():
     assert math.isnan(by[("S4-hc", "prefix")]["acc_mean_sd"]) and by[("S4-hc", "prefix")]["goal_met"] == 1
     md = seeds_markdown(seed_rows(rows))
     assert "| S4-base | prefix | 2 | 0.700 ± 0.141 |" in md
+
+
+def test_report_by_id_prefixes_labels_full_attention_and_says_what_it_left_out(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    exp = tracking.get_or_create_experiment(c, "phasefix")
+    full = log_run(c, exp, "full", "fit", 5, 0.99, 0.0, {"attention": "full"})
+    comp = log_run(c, exp, "compressed", "fit", 6, 0.9, 0.5, {"attention": "compressed"})
+    killed = c.create_run(exp, run_name="interrupted", tags={"phasefix.kind": "fit", "attention": "compressed",
+                                                             "window": "4", "stride": "4"}).info.run_id
+    c.set_terminated(killed, status="KILLED")
+    assert main([f"tracking_uri={uri}", f"runs={full[:8]},{comp[:8]},{killed[:8]}", f"out={tmp_path / 'r'}",
+                 "log=false"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out {killed[:8]} interrupted: no final phase results (status KILLED)" in out
+    assert "2 of 3 runs reported" in out
+    md = (tmp_path / "r" / "comparison.md").read_text()
+    full_rows = [ln for ln in md.splitlines() if ln.startswith("| full ")]
+    assert len(full_rows) == 2 and all("| full |" in ln and "4/4" not in ln for ln in full_rows)
+    assert all("| 4/4 |" in ln for ln in md.splitlines() if ln.startswith("| compressed "))
+    rows = read_csv(tmp_path / "r" / "comparison.csv")
+    assert {(r["run_name"], r["window"], r["stride"]) for r in rows} == {("full", "", ""), ("compressed", "4", "4")}
