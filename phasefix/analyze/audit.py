@@ -771,11 +771,11 @@ def audit(opts: dict) -> dict:
                                                        "evaluate_run": str(summary.get("mlflow_run_id"))},
          figures=figures)
     if not opts["log"]:
-        tracking_json(result)
+        write_summary(result)
     return result
 
 
-def tracking_json(result: dict) -> None:
+def write_summary(result: dict) -> None:
     from phasefix import tracking
 
     tracking.write_json(result["out"] / "audit.json", summary_json(result))
@@ -791,7 +791,7 @@ def main(tool: str, args: Sequence[str]) -> dict:
     result = gates_audit(opts, "gates")
     _log(opts, "gates", result)
     if not opts["log"]:
-        tracking_json(result)
+        write_summary(result)
     return result
 
 
@@ -807,4 +807,4 @@ def wants_audit(tool: str, args: Sequence[str]) -> bool:
 
 __all__ = ["GateBias", "OPTIONS", "audit", "calibrate", "compare", "fold", "gates_audit", "hf_gate_biases",
            "hf_gate_means", "load_source", "main", "model_prediction", "pearson", "phase_stats",
-           "phasefix_gate_biases", "predict", "read_compressor_tensors", "wants_audit"]
+           "phasefix_gate_biases", "predict", "read_compressor_tensors", "state_tensors", "wants_audit"]
