@@ -113,6 +113,23 @@ def test_export_refuses_per_slot_maps_and_cycling_rolls_the_bias():
     assert torch.equal(csa.position_bias, original)
 
 
+def test_phasefix_gate_cycling_on_an_imported_hca_compressor_is_deepseek_bias_cycling():
+    """W = S for HCA, so phasefix's cycle tool (roll every slot-specific gate tensor by d) on the import equals
+    rolling the real module's slot biases by d (its gate map is shared by the slots)."""
+    from phasefix.analyze.cycle import cycled as phasefix_cycled
+
+    model = tiny_model()
+    (_, _, hca), = [c for c in compressors(model) if c[1] == "hca"]
+    imp = import_compressor(hca)
+    x = torch.randn(1, 48, 64)
+    with phasefix_cycled(imp, 3):
+        mine = imp(x)[0]
+    with cycled(hca, 3):
+        ref = hca(x, None, torch.arange(48)[None], None, 1)[0][:, 0]
+    assert (mine - ref).abs().max().item() < 1e-6
+    assert not torch.allclose(mine, imp(x)[0])  # the shift changed the entries, and was undone
+
+
 # ------------------------------------------------------------------------------------------------ prediction
 def test_audit_names_the_starved_phase():
     model = tiny_model()

@@ -14,7 +14,8 @@ HCA (W = S = 128, no overlap): every slot gets the same maps and its own bias ro
 
 `import_compressor` builds a phasefix `Compressor` (vector gates, tied K/V: one latent) with those maps and wraps it
 with DeepSeek-V4's own entry norm and interleaved partial RoPE (`DeepseekV4Compressor`), so its entries equal
-transformers' (tests/test_deepseek_v4.py). Gate cycling and knockouts then act on the phasefix parameters;
+transformers' (tests/test_deepseek_v4.py). Gate cycling and knockouts then act on the phasefix parameters
+(`phasefix.analyze.cycle.cycled(imported, d)` rolls all W slots: a phase shift for HCA, where W = S);
 `export_compressor` writes a (possibly edited) import back into the transformers module, and `cycled` rolls a real
 compressor's slot biases in place (the only slot-specific gate parameter DeepSeek-V4 has).
 """
@@ -105,6 +106,10 @@ class DeepseekV4Compressor(nn.Module):
     @property
     def config(self) -> ModelConfig:
         return self.compressor.cfg
+
+    def compressors(self) -> list[Compressor]:
+        """As `CompressedQwen3.compressors`, so phasefix's gate tools (`analyze.cycle.cycled`) act on an import."""
+        return [self.compressor]
 
     def forward(self, x: torch.Tensor):
         k, _, gates = self.compressor(x, self.norm)  # [B, N, 1, D]: pooled, then the entry norm
