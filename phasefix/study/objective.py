@@ -149,12 +149,9 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
                 if v is None:
                     check(c.missing == "ignore", "constraints.metric", c.metric,
                           "is not in the fit summary (set missing: ignore to treat it as satisfied)")
-                    cons.append(0.0)
-                else:
-                    cons.append(c.value(float(v)))
-            for c, v in zip(spec.constraints, cons):
-                trial.set_constraint(c.key, v)
-            trial.set_user_attr("constraints", cons)  # also in trials.csv's `feasible`
+                cons.append(0.0 if v is None else c.value(float(v)))
+                trial.set_constraint(c.key, cons[-1])
+            trial.set_user_attr("constraints", cons)  # for trials.csv's `feasible`
         values = []
         for o in spec.objectives:
             v = metric_value(summary, o.metric)
