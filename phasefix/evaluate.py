@@ -3,8 +3,8 @@
 Phase-grouped evaluation of any causal LM (science.md section 4), logged to MLflow like a fit run and written to
 `<out>/summary.json`.
 
-model=     a Hugging Face checkpoint directory (config.json + tokenizer), or a phasefix fit: its MLflow run id, its
-           output directory, or a .ckpt file
+model=     a Hugging Face checkpoint directory (config.json + tokenizer), or a phasefix fit: its MLflow run id (or
+           any unique prefix of it), its output directory, or a .ckpt file
 task=      kv_lookup | needle: retrieval accuracy by residue of the target key's position (full-vocabulary top-1
            of the first answer token at the last position); Hugging Face models read text prompts rendered through
            their own tokenizer (phasefix.text_prompts), phasefix checkpoints the synthetic set of their training
@@ -455,6 +455,10 @@ def tracking_spark(values) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from phasefix.console import quiet, verbose_flag
+
+    argv, verbose = verbose_flag(argv)  # -v: the libraries' own output too
+    quiet(verbose)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2

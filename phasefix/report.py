@@ -11,7 +11,7 @@ outputs/reports/<date>-<time>):
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
   flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
 
-Selection: `runs=` (ids, in that order), else every run of `experiment` (default phasefix) whose tags match all
+Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix) whose tags match all
 `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
 to a new MLflow run tagged `phasefix.kind=report` (`log=false` skips it). `tracking_uri=` picks the store.
 """
@@ -321,6 +321,10 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from phasefix.console import quiet, verbose_flag
+
+    argv, verbose = verbose_flag(argv)  # -v: the libraries' own output too
+    quiet(verbose)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0

@@ -25,7 +25,7 @@ TOOLS = ("knockout", "gates", "cycle", "period", "confusions")
 
 # key -> (default, parser, help). `None` defaults are filled from the run (eval seed) or left unset.
 OPTIONS: dict[str, tuple] = {
-    "run": (None, str, "MLflow run id, run output directory or .ckpt path (required)"),
+    "run": (None, str, "MLflow run id (or a unique prefix), run output directory or .ckpt path (required)"),
     "tracking_uri": (None, str, "MLflow tracking URI (default: the run's, else MLFLOW_TRACKING_URI/the project's)"),
     "which": ("last", str, "checkpoint of a run directory / run id: last or best"),
     "padding": ("prefix", str, "prefix, in_sequence or both"),

@@ -1,4 +1,4 @@
-"""`python -m phasefix.analyze TOOL run=<MLflow run id | run output dir | .ckpt> [key=value ...]`
+"""`python -m phasefix.analyze TOOL run=<MLflow run id or unique prefix | run output dir | .ckpt> [key=value ...]`
 
 Tools (science.md §5, docs/mechanism.md): knockout, gates, cycle, period, confusions. Options (key=value):
 (`gates model=<HF DeepSeek-V4 dir | phasefix run>` and `audit model=...`: the phase audit from the weights,
@@ -42,6 +42,10 @@ def analyze(tool: str, args: Sequence[str]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from phasefix.console import quiet, verbose_flag
+
+    argv, verbose = verbose_flag(argv)  # -v: the libraries' own output too
+    quiet(verbose)
     if len(argv) >= 2 and argv[0] == "audit" and argv[1] in ("-h", "--help"):
         from phasefix.analyze.audit import usage as audit_usage
 
