@@ -255,11 +255,15 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         previous = run.summary
         if before_seconds is None:  # a checkpoint written before train time was recorded in checkpoints
             before_seconds = (previous or {}).get("train_seconds", 0.0)
-        if previous is not None and start_step >= cfg.trainer.max_steps:
+        if previous is not None and previous.get("steps", start_step) == start_step >= cfg.trainer.max_steps:
             print(f"phasefix fit: {run.dir} is trained to step {start_step} = trainer.max_steps and evaluated; "
                   "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
             return previous
     p = plan(cfg)  # raises ConfigError before anything is written
+    if run is None and cfg.output_dir:  # a new run never mixes with another's checkpoints (Lightning would load them)
+        d = Path(cfg.output_dir)
+        check(not (d / "run.json").exists() and not (d / "checkpoints").exists(), "output_dir", cfg.output_dir,
+              f"holds a run already: continue it with resume={d}, or choose another directory")
     model_cfg, data_cfg = p["model"], p["data"]
     is_lm_mix = isinstance(data_cfg, LMMixConfig)
     resolved = C.to_container(cfg)
@@ -273,7 +277,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     val_sets = {pad: eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.val_per_residue, cfg.eval.seed + 1)
                 for pad in cfg.eval.paddings}
 
-    c = tracking.client(cfg.logger.tracking_uri)
+    c = tracking.client(run.tracking_uri if run is not None else cfg.logger.tracking_uri)  # a resumed run: its store
     if run is None:
         out_dir = Path(cfg.output_dir) if cfg.output_dir else (
             outputs_dir() / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{run_name(cfg)}")
@@ -291,12 +295,11 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         run = Run.create(out_dir, run_id, c.tracking_uri, OmegaConf.to_yaml(cfg, resolve=True))
     else:
         out_dir, run_id = run.dir, run.run_id
-        tracking.rewind(c, run_id, start_step)  # what this piece logs again: after the checkpoint, the final results
+        tracking.rewind(c, run_id, step=start_step)  # the points this piece logs again (from the checkpoint on)
         c.update_run(run_id, status="RUNNING")
         c.set_tag(run_id, "resumed_from", f"{run.checkpoint()} (step {start_step})")
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
         c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        (out_dir / "summary.json").unlink(missing_ok=True)  # it described the state before this piece
     resume_ckpt = run.checkpoint() if resuming else None
 
     status, trainer = "FAILED", None
@@ -350,11 +353,12 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                           n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
                                           progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
         summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
+        summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
         if is_lm_mix:
             val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
             summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
             c.log_metric(run_id, "final/lm_loss", summary["lm_loss"])
-        log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, trainer.global_step)
+        log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
         tracking.write_json(out_dir / "summary.json", summary)
         c.log_artifact(run_id, str(out_dir / "summary.json"))
         status = "FINISHED"
@@ -401,6 +405,7 @@ def _plain(v):
 
 
 def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, step: int = 0) -> None:
+    tracking.rewind(c, run_id, final=True)  # a resumed run's earlier final results: replaced, not duplicated
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
     fig = tracking.phase_figure(results, model_cfg.stride,

@@ -45,18 +45,26 @@ def client(uri: str | None = None) -> MlflowClient:
     return c
 
 
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the MLflow UI's "Machine learning" mode
+
+
 def get_or_create_experiment(c: MlflowClient, name: str) -> str:
+    """The experiment's id, created when missing (artifacts beside an SQLite store) and tagged as model training
+    (`mlflow.experimentKind=custom_model_development`: the UI shows runs and charts, not GenAI traces)."""
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    artifacts = None
-    if c.tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the database (mlruns/ by default)
-        db = Path(c.tracking_uri[len("sqlite:///"):])
-        artifacts = (db.parent / "artifacts" / name).resolve().as_uri()
-    try:
-        return c.create_experiment(name, artifact_location=artifacts)
-    except mlflow.exceptions.MlflowException:  # another process created it meanwhile
-        return c.get_experiment_by_name(name).experiment_id
+    if exp is None:
+        artifacts = None
+        if c.tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the database (mlruns/ by default)
+            db = Path(c.tracking_uri[len("sqlite:///"):])
+            artifacts = (db.parent / "artifacts" / name).resolve().as_uri()
+        try:
+            exp_id = c.create_experiment(name, artifact_location=artifacts, tags=dict([EXPERIMENT_KIND]))
+        except mlflow.exceptions.MlflowException:  # another process created it meanwhile
+            exp_id = c.get_experiment_by_name(name).experiment_id
+        return exp_id
+    if exp.tags.get(EXPERIMENT_KIND[0]) is None:  # experiments created before phasefix set the kind
+        c.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def git_commit() -> str:
@@ -151,20 +159,25 @@ def log_phase_result(c: MlflowClient, run_id: str, padding: str, res: Mapping, s
 FINAL_PREFIXES = ("phase_acc/", "final/")
 
 
-def rewind(c: MlflowClient, run_id: str, step: int) -> bool:
-    """Before a run resumes from its checkpoint at `step`: delete the metric points it will log again (those at steps
-    after `step`, and the final results `phase_acc/*`, `final/*` of an earlier end), so the history has no
-    duplicate points. SQL stores only (MLflow has no client call to delete metrics); False elsewhere."""
+def rewind(c: MlflowClient, run_id: str, step: int | None = None, final: bool = False) -> bool:
+    """Delete the metric points a resumed run logs again, so its history has no duplicate points: with `step` (the
+    global step of the checkpoint it resumes from; Lightning logs batch b at step b) the step-indexed points at
+    steps >= `step`; with `final` the final results (`phase_acc/*` indexed by residue, `final/*`), just before
+    the new ones are logged. SQL stores only (MLflow has no client call to delete metrics); False elsewhere."""
     from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from sqlalchemy import or_
+    from sqlalchemy import and_, not_, or_
 
     store = c._tracking_client.store
     if not isinstance(store, SqlAlchemyStore):
         return False
+    is_final = or_(*[SqlMetric.key.startswith(p) for p in FINAL_PREFIXES])
+    stale = [and_(SqlMetric.step >= step, not_(is_final))] if step is not None else []
+    stale += [is_final] if final else []
+    if not stale:
+        return True
     with store.ManagedSessionMaker(read_only=False) as session:
-        stale = or_(SqlMetric.step > step, *[SqlMetric.key.startswith(p) for p in FINAL_PREFIXES])
-        session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, stale).delete(synchronize_session=False)
+        session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, or_(*stale)).delete(synchronize_session=False)
         session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == run_id).delete(synchronize_session=False)
         latest = {}
         for m in session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id):

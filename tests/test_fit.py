@@ -96,22 +96,28 @@ def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
     assert sorted(m.step for m in curve) == list(range(24))
     assert [m.value for m in sorted(curve, key=lambda m: m.step)] == pytest.approx(summary["prefix"]["per_residue"],
                                                                                   abs=1e-4)
+    assert c.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert not [k for k in run.data.metrics if k.startswith("phase_acc/") and k.count("/") > 1]  # no r00..r23
     assert c.get_metric_history(run.info.run_id, "train/loss")
     assert c.get_metric_history(run.info.run_id, "val/prefix/acc_mean")
     artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
     assert {"phase_curves.png", "phase_table.csv", "config.yaml", "summary.json", "gate_heatmap.png"} <= artifacts
+    assert main(FAST + run_overrides(tmp_path)) == 2  # a new run in this run's directory: refused, nothing written
+    assert len(c.search_runs([run.info.experiment_id])) == 1
 
 
-def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-    """Kill a CLI run with SIGKILL right after its first checkpoint, resume it: same final metrics and weights as an
-    uninterrupted run with the same seed, in the same MLflow run."""
-    steps = ["trainer.max_steps=40", "trainer.checkpoint_every_n_steps=10", "eval.n_boot=20"]
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, monkeypatch):
+    """Kill a CLI run with SIGKILL right after its first checkpoint (no handler runs), `resume=last`: same final
+    metrics and weights as an uninterrupted run with the same seed, in the same MLflow run, no point logged twice."""
+    steps = ["trainer.max_steps=40", "trainer.checkpoint_every_n_steps=10", "eval.n_boot=20",
+             "trainer.log_every_n_steps=1"]
     reference = fit(compose(FAST + steps + run_overrides(tmp_path, "reference")))
 
+    monkeypatch.setenv("PHASEFIX_OUTPUTS", str(tmp_path / "outputs"))  # resume=last looks here
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
-    killed = tmp_path / "killed"
+    killed = tmp_path / "outputs" / "today" / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "phasefix.fit", *FAST, *steps,
-                             *run_overrides(tmp_path, "killed")], env=env, stdout=subprocess.DEVNULL,
+                             *run_overrides(tmp_path, "outputs/today/killed")], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while not (killed / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
@@ -121,7 +127,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     proc.wait()
     assert not (killed / "summary.json").exists()
 
-    resumed = fit(compose([f"resume={killed}"]))
+    resumed = fit(compose(["resume=last"]))
     assert resumed["mlflow_run_id"] == json.loads((killed / "run.json").read_text())["mlflow_run_id"]
     for pad in ("prefix", "in_sequence"):
         assert resumed[pad]["per_residue"] == pytest.approx(reference[pad]["per_residue"], abs=1e-6)
@@ -131,6 +137,9 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert c.get_run(resumed["mlflow_run_id"]).info.status == "FINISHED"
+    for key, logged in metric_steps(c, resumed["mlflow_run_id"]).items():
+        assert len(logged) == len(set(logged)), f"{key} logged twice at one step: {logged}"
+    assert metric_steps(c, resumed["mlflow_run_id"]) == metric_steps(c, reference["mlflow_run_id"])
 
 
 def test_sigterm_ends_the_run_killed(tmp_path):
