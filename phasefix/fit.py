@@ -196,7 +196,7 @@ def resume_config(cfg: DictConfig):
     """(the run `cfg.resume` names, its stored config with the overrides that may change on resume applied, its
     checkpoint's step, the seconds trained up to it or None).
 
-    The overrides are the keys of `cfg` that differ from the defaults (`compose(["resume=..."])`); one that differs
+    The overrides are the keys of `cfg` that differ from the defaults (`compose([])`); one that differs
     from the stored value and is not in RESUMABLE raises ConfigError naming it. `trainer.max_steps` below the
     checkpoint's step is refused; above it, the run trains the extra steps."""
     from phasefix.run import Run
@@ -206,7 +206,7 @@ def resume_config(cfg: DictConfig):
           "must name a run of phasefix.fit (a directory with run.json and config.yaml), not a bare checkpoint")
     stored = run.config
     flat_stored = tracking.flatten(C.to_container(stored))
-    flat_default = tracking.flatten(C.to_container(compose([f"resume={cfg.resume}"])))
+    flat_default = tracking.flatten(C.to_container(compose([])))  # what the user did not set
     missing, refused = object(), []
     for key, value in tracking.flatten(C.to_container(cfg)).items():
         if key == "resume" or flat_default.get(key, missing) == value or flat_stored.get(key, missing) == value:
