@@ -287,6 +287,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
             "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
             "git_commit": tracking.git_commit(), "phasefix.kind": "fit", "output_dir": str(out_dir),
+            **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
             **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
         run_id = mlflow_run.info.run_id

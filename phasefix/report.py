@@ -8,6 +8,11 @@ outputs/reports/<date>-<time>):
   seeds.csv / seeds.md             the same aggregated over seeds: runs named `<config>-s<seed>` grouped by
                                    `<config>` and padding, mean and sd of each metric, train time, lm_loss, run ids
   phase_curves.png                 the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
+  decisive.csv / decisive.md       runs tagged `regime` and `arm`: one row per regime, arm and padding over the seeds
+                                   that learned, goal met, costs (phasefix.comparison); headline.md: each regime's
+                                   baseline and best arm at equal cache entries per token
+  phase_grid_<padding>.png         one panel per regime and arm: seeds faint, mean with a min-max band, boundary marked
+  worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
   flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
 
@@ -32,7 +37,7 @@ PADDINGS = ("prefix", "in_sequence")
 KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
-           "gap_ci_high", "period_detected", "periodicity_ratio")
+           "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
 OPTIONS = ("experiment", "runs", "kind", "tracking_uri", "out", "log")
 
 
@@ -82,7 +87,11 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
                 "task": tags.get("task", "kv_lookup (trained)" if tags.get("phasefix.kind") == "fit" else ""),
                 "model": tags.get("model", ""), "attention": tags.get("attention", ""),
                 "window": "" if full else tags.get("window", ""), "stride": "" if full else tags.get("stride", ""),
-                "mitigations": tags.get("mitigations", ""), "parent": tags.get("mlflow.parentRunId", "")}
+                "mitigations": tags.get("mitigations", ""), "parent": tags.get("mlflow.parentRunId", ""),
+                # provenance: every number a doc quotes names its command, commit, machine and time
+                "git_commit": tags.get("git_commit", "")[:10], "command": tags.get("command", ""),
+                "machine": tags.get("machine", ""),
+                "start_time": datetime.fromtimestamp(run.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")}
         if "flip/period_detected" in metrics:
             flips.append({**base, **{k: metrics.get(f"flip/{k}") for k in ("period_detected", "period_fft",
                                                                             "flip_rate", "range")}})
@@ -254,6 +263,33 @@ def pareto_figure(prows: Sequence[Mapping]):
     return fig
 
 
+def decisive(out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> list[str]:
+    """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), the headline rows
+    (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots)."""
+    import matplotlib.pyplot as plt
+
+    from phasefix import comparison, plots
+
+    facts = {r.info.run_id: comparison.run_facts(r) for r in runs if r.data.tags.get("regime")}
+    if not facts:
+        return []
+    drows = comparison.decisive_rows(rows, curves, facts)
+    write_csv(out / "decisive.csv", drows, comparison.COLUMNS)
+    (out / "decisive.md").write_text(comparison.markdown(drows))
+    (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
+    files = ["decisive.csv", "decisive.md", "headline.md"]
+    for pad in PADDINGS:
+        if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
+            fig = plots.phase_grid(rows, curves, facts, pad)
+            fig.savefig(out / f"phase_grid_{pad}.png", dpi=110)
+            plt.close(fig)
+            files.append(f"phase_grid_{pad}.png")
+    fig = plots.worst_vs_mean(rows, facts)
+    fig.savefig(out / "worst_vs_mean.png", dpi=110)
+    plt.close(fig)
+    return files + ["worst_vs_mean.png"]
+
+
 def report(args: Sequence[str] | Mapping = ()) -> dict:
     """Select runs, write the comparison to `out` and (log=true) log it to a new report run. Returns
     {out, runs (ids), rows, flips, pareto, files, report_run_id}."""
@@ -286,6 +322,7 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
+        files += decisive(out, runs, rows, curves)
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")
     if flips:

@@ -75,6 +75,25 @@ def git_commit() -> str:
         return "unknown"
 
 
+def provenance() -> dict:
+    """Tags that say how and where a run was made: the command line (when started from a phasefix CLI) and the
+    machine (host name, CPU count, GPU), so that a table row can name its command, commit and machine."""
+    import platform
+    import shlex
+    import sys
+
+    import torch
+
+    machine = f"{platform.node()}, {os.cpu_count()} CPUs"
+    if torch.cuda.is_available():
+        machine += f", {torch.cuda.get_device_name(0)}"
+    tags = {"machine": machine}
+    script = Path(sys.argv[0]).with_suffix("").name if sys.argv and sys.argv[0] else ""
+    if Path(sys.argv[0]).parent.name == "phasefix" and script not in ("", "__main__"):  # python -m phasefix.<script>
+        tags["command"] = f"python -m phasefix.{script} {shlex.join(sys.argv[1:])}".strip()[:5000]
+    return tags
+
+
 def flatten(d: Mapping, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():

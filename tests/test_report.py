@@ -171,3 +171,32 @@ def test_report_by_id_prefixes_labels_full_attention_and_says_what_it_left_out(t
     assert all("| 4/4 |" in ln for ln in md.splitlines() if ln.startswith("| compressed "))
     rows = read_csv(tmp_path / "r" / "comparison.csv")
     assert {(r["run_name"], r["window"], r["stride"]) for r in rows} == {("full", "", ""), ("compressed", "4", "4")}
+
+
+def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path):
+    """Two regime-tagged arms (params as a fit logs them): the baseline dips at the boundary phase, the arm is flat;
+    the decisive table counts learned seeds, the goal against the baseline's mean and the arm's costs."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    exp = tracking.get_or_create_experiment(c, "decisive")
+    params = {"model.window": "4", "model.stride": "4", "data.num_values": "32"}
+    ids = {}
+    for arm, window, dip in (("baseline", "4", 0.6), ("window_s+1", "5", 0.0)):
+        for seed in (0, 1):
+            rid = log_run(c, exp, f"{arm}-s{seed}", "fit", seed, 0.95, dip,
+                          {"regime": "w4s4", "arm": arm, "comparison": "dec"})
+            tracking.log_params(c, rid, {**params, "model.window": window})
+            ids[(arm, seed)] = rid
+    res = report([f"tracking_uri={uri}", "experiment=decisive", "tag.comparison=dec", f"out={tmp_path / 'out'}",
+                  "log=false"])
+    out = tmp_path / "out"
+    assert {"decisive.csv", "decisive.md", "headline.md", "phase_grid_prefix.png", "worst_vs_mean.png"} <= set(res["files"])
+    rows = {(r["arm"], r["padding"]): r for r in csv.DictReader(open(out / "decisive.csv"))}
+    base, arm = rows[("baseline", "prefix")], rows[("window_s+1", "prefix")]
+    assert base["learned"] == "2" and arm["learned"] == "2"
+    assert base["goal_met"] == "0" and arm["goal_met"] == "2"  # flat at ~0.95 >= 0.9 x mean, and above the baseline
+    # tiny's compressor at W5 vs W4: 2 layers x 2 branches x 128 x (2 x 32 + 2) x W/4 multiply-adds per token
+    assert float(base["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 4 / 4
+    assert float(arm["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
+    assert float(arm["cache_entries_per_token"]) == float(base["cache_entries_per_token"])
+    assert "window_s+1" in (out / "headline.md").read_text()
