@@ -41,12 +41,16 @@ def test_heads_that_start_alike_collide_and_coordination_spreads_them():
     assert coord["structural_coverage"] == pytest.approx(2 / 3)
 
 
-def test_coordination_is_the_mean_pairwise_overlap():
+def test_coordination_is_the_mean_pairwise_overlap_plus_the_dead_slot_mass():
+    """head_coord on key gates at W = S: the last slot (the boundary phase) answers nothing, so it counts as dead
+    mass, not as overlap (docs/mitigations.md)."""
     P = torch.softmax(torch.randn(3, 5), dim=-1)
-    G = P @ P.T
-    expected = (G.sum() - G.diagonal().sum()) / 6
+    q = P[:, :4]  # the answerable slots 0..3
+    G = q @ q.T
+    expected = (G.sum() - G.diagonal().sum()) / 6 + P[:, 4].mean()
     assert float(coordination(P, 0.5)) == pytest.approx(0.5 * float(expected), rel=1e-6)
-    assert float(coordination(torch.eye(5)[:3], 1.0)) == 0.0  # disjoint heads: no overlap
+    assert float(coordination(torch.eye(5)[:3], 1.0)) == 0.0  # disjoint heads on answerable slots: no overlap
+    assert float(coordination(torch.eye(5)[[0, 1, 4]], 1.0)) == pytest.approx(1 / 3)  # one head on the dead slot
 
 
 def test_cli_writes_figure_and_summary(tmp_path, capsys):
