@@ -40,7 +40,8 @@ def model_config(params: Mapping[str, str]):
 
     from phasefix.model.config import ModelConfig
 
-    d = {k[len("model."):]: yaml.safe_load(v) for k, v in params.items() if k.startswith("model.")}
+    d = {k[len("model."):]: None if v == "None" else yaml.safe_load(v)  # MLflow logs None as "None"
+         for k, v in params.items() if k.startswith("model.")}
     return ModelConfig.from_dict(d)
 
 
@@ -71,10 +72,9 @@ def run_facts(run) -> dict:
     facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm", ""),
              "learned": learned(metrics.get("final/prefix/acc_mean", math.nan), params),
              "compressor_flops_per_token": math.nan, "cache_entries_per_token": math.nan}
-    try:
-        cfg = model_config(params)
-    except Exception:  # an evaluate run of a foreign model has no model.* params
+    if not any(k.startswith("model.") for k in params):  # an evaluate run of a foreign model
         return facts
+    cfg = model_config(params)
     facts["stride"] = cfg.stride
     if cfg.compressed:
         facts["compressor_flops_per_token"] = cfg.compressor_flops_per_token()

@@ -36,6 +36,7 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
                        and (facts[r["run_id"]]["arm"] or BASELINE_ARM) == arm]
             seeds = [(curves.get((r["run_id"], padding)) or [], facts[r["run_id"]]["learned"]) for r in members]
             seeds = [(c, ok) for c, ok in seeds if c]
+            ax.tick_params(labelsize=6)
             if i == 0:
                 ax.set_title(arm, fontsize=8)
             if j == 0:
@@ -62,7 +63,6 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
             ax.text(0.98, 0.04, f"{len(learned)}/{len(seeds)} learned", ha="right", va="bottom", fontsize=6,
                     transform=ax.transAxes)
             ax.set_ylim(-0.03, 1.03)
-            ax.tick_params(labelsize=6)
     for ax in axes[-1]:
         ax.set_xlabel("residue of the target key", fontsize=7)
     handles = [plt.Line2D([], [], color="tab:blue", lw=1.4, label="mean over learned seeds"),
@@ -106,4 +106,28 @@ def worst_vs_mean(rows: Sequence[Mapping], facts: Mapping[str, Mapping], padding
     ax.set_ylabel("worst-residue accuracy")
     ax.set_title(f"worst against mean, one point per run ({padding} padding)", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mapping]):
+    """Training loss against step, one panel per regime, one colour per arm (each seed its own line): shows
+    whether a budget let the loss go flat, and which arms left the plateau later. `losses`: {run_id: loss by step,
+    nan where not logged}."""
+    runs = [rid for rid in losses if facts.get(rid, {}).get("regime") and losses[rid]]
+    regimes = list(dict.fromkeys(facts[rid]["regime"] for rid in runs))
+    arms = sorted(dict.fromkeys(facts[rid]["arm"] or BASELINE_ARM for rid in runs),
+                  key=lambda a: (a != BASELINE_ARM, a))
+    fig, axes = plt.subplots(1, max(len(regimes), 1), figsize=(3.6 * max(len(regimes), 1) + 1.8, 3.0), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        for rid in (r for r in runs if facts[r]["regime"] == regime):
+            arm = facts[rid]["arm"] or BASELINE_ARM
+            pts = [(s, v) for s, v in enumerate(losses[rid]) if not math.isnan(v)]
+            ax.plot([s for s, _ in pts], [v for _, v in pts], lw=0.8, alpha=0.8, color=f"C{arms.index(arm) % 10}")
+        ax.set_title(regime, fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.tick_params(labelsize=6)
+    axes[0, 0].set_ylabel("training loss", fontsize=7)
+    fig.legend(handles=[plt.Line2D([], [], color=f"C{i % 10}", label=a) for i, a in enumerate(arms)],
+               loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig

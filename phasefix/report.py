@@ -263,12 +263,12 @@ def pareto_figure(prows: Sequence[Mapping]):
     return fig
 
 
-def decisive(out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> list[str]:
+def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> list[str]:
     """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), the headline rows
     (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots)."""
     import matplotlib.pyplot as plt
 
-    from phasefix import comparison, plots
+    from phasefix import comparison, plots, tracking
 
     facts = {r.info.run_id: comparison.run_facts(r) for r in runs if r.data.tags.get("regime")}
     if not facts:
@@ -287,7 +287,10 @@ def decisive(out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping
     fig = plots.worst_vs_mean(rows, facts)
     fig.savefig(out / "worst_vs_mean.png", dpi=110)
     plt.close(fig)
-    return files + ["worst_vs_mean.png"]
+    fig = plots.loss_curves({rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts}, facts)
+    fig.savefig(out / "train_loss.png", dpi=110)
+    plt.close(fig)
+    return files + ["worst_vs_mean.png", "train_loss.png"]
 
 
 def report(args: Sequence[str] | Mapping = ()) -> dict:
@@ -322,7 +325,7 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
-        files += decisive(out, runs, rows, curves)
+        files += decisive(c, out, runs, rows, curves)
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")
     if flips:

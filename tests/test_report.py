@@ -190,7 +190,8 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path):
     res = report([f"tracking_uri={uri}", "experiment=decisive", "tag.comparison=dec", f"out={tmp_path / 'out'}",
                   "log=false"])
     out = tmp_path / "out"
-    assert {"decisive.csv", "decisive.md", "headline.md", "phase_grid_prefix.png", "worst_vs_mean.png"} <= set(res["files"])
+    assert {"decisive.csv", "decisive.md", "headline.md", "phase_grid_prefix.png", "worst_vs_mean.png",
+            "train_loss.png"} <= set(res["files"])
     rows = {(r["arm"], r["padding"]): r for r in csv.DictReader(open(out / "decisive.csv"))}
     base, arm = rows[("baseline", "prefix")], rows[("window_s+1", "prefix")]
     assert base["learned"] == "2" and arm["learned"] == "2"
