@@ -51,20 +51,28 @@ def _parse_bool(v: str) -> bool:
     raise ValueError(v)
 
 
-def parse_options(args: Sequence[str]) -> dict:
-    """`key=value` arguments -> options with defaults; ConfigError on an unknown key or a bad value."""
-    opts = {k: d for k, (d, _, _) in OPTIONS.items()}
+def parse_key_values(args: Sequence[str], options: dict, where: str = "") -> dict:
+    """`key=value` arguments -> {key: typed value} over `options` {key: (default, type, help)}; ConfigError on an
+    unknown key or a value of the wrong type. `where` names the command in the unknown-key message."""
+    opts = {k: d for k, (d, _, _) in options.items()}
     for arg in args:
         key, eq, value = arg.partition("=")
         if not eq:
-            raise ConfigError(f"argument {arg!r} is invalid: expected key=value with key in {', '.join(OPTIONS)}")
-        if key not in OPTIONS:
-            raise ConfigError(f"{key} is not an option: allowed keys are {', '.join(OPTIONS)}")
-        kind = OPTIONS[key][1]
+            raise ConfigError(f"argument {arg!r} is invalid: expected key=value with key in {', '.join(options)}")
+        if key not in options:
+            raise ConfigError(f"{key} is not an option{' of ' + where if where else ''}: allowed keys are "
+                              f"{', '.join(options)}")
+        kind = options[key][1]
         try:
             opts[key] = _parse_bool(value) if kind is bool else kind(value)
         except ValueError:
             raise ConfigError(f"{key}={value!r} is invalid: must be {kind.__name__}") from None
+    return opts
+
+
+def parse_options(args: Sequence[str]) -> dict:
+    """`key=value` arguments -> options with defaults; ConfigError on an unknown key or a bad value."""
+    opts = parse_key_values(args, OPTIONS)
     check(opts["run"] is not None, "run", None, "is required: an MLflow run id, a run output directory or a .ckpt")
     check(opts["padding"] in ("prefix", "in_sequence", "both"), "padding", opts["padding"],
           "allowed values are 'prefix', 'in_sequence', 'both'")

@@ -76,29 +76,10 @@ OPTIONS: dict[str, tuple] = {
 }
 
 
-def _parse_bool(v: str) -> bool:
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(v)
-
-
 def parse_options(args: Sequence[str], tool: str = "gates") -> dict:
-    opts = {k: d for k, (d, _, _) in OPTIONS.items()}
-    for arg in args:
-        key, eq, value = arg.partition("=")
-        if not eq:
-            raise ConfigError(f"argument {arg!r} is invalid: expected key=value with key in {', '.join(OPTIONS)}")
-        if key not in OPTIONS:
-            raise ConfigError(f"{key} is not an option of analyze {tool} model=: allowed keys are "
-                              f"{', '.join(OPTIONS)}")
-        kind = OPTIONS[key][1]
-        try:
-            opts[key] = _parse_bool(value) if kind is bool else kind(value)
-        except ValueError:
-            raise ConfigError(f"{key}={value!r} is invalid: must be {kind.__name__}") from None
+    from phasefix.analyze import parse_key_values
+
+    opts = parse_key_values(args, OPTIONS, f"analyze {tool} model=")
     check(opts["model"] not in (None, ""), "model", opts["model"],
           "is required: a Hugging Face DeepSeek-V4 directory or a phasefix run (run id, output directory, .ckpt)")
     check_choice("include", opts["include"], INCLUDE)
