@@ -1,8 +1,32 @@
-"""Triton kernels for chunked KV compression (science.md §2); twins of `phasefix.model.compression`.
+"""Attention implementations for chunked KV compression (science.md §2), side by side in fla's `ops/<op>/` style:
+each op has a readable `naive` reference beside its fast versions, all of one signature and tested against it.
 
-Importable with torch and triton alone. `TRITON_INTERPRET=1` runs them on CPU (float32/float64 only).
+- `gated_pool/`: `naive` (also what `naive` and `blocked` pool with), `triton`;
+- `compressed_attention/`: `naive` (dense, the tests' ground truth), `blocked` (the CPU default), `triton` (CUDA).
+
+`ops(impl)` gives the pair the model calls for `model.attn_impl`; nothing is imported before it is asked for, so
+`import kernels` needs torch alone and `naive`/`triton` never import phasefix.
 """
-from .compressed_attention import compressed_attention
-from .gated_pool import gated_pool
+from __future__ import annotations
 
-__all__ = ["gated_pool", "compressed_attention"]
+import importlib
+from types import SimpleNamespace
+
+IMPLS = ("naive", "blocked", "triton")
+
+
+def resolve(attn_impl: str, device_type: str = "cpu") -> str:
+    """The implementation `model.attn_impl` means on a device: `auto` is triton on CUDA and blocked elsewhere."""
+    if attn_impl == "auto":
+        return "triton" if device_type == "cuda" else "blocked"
+    if attn_impl not in IMPLS:
+        raise ValueError(f"attn_impl must be one of {', '.join(IMPLS + ('auto',))}, got {attn_impl!r}")
+    return attn_impl
+
+
+def ops(attn_impl: str, device_type: str = "cpu") -> SimpleNamespace:
+    """`gated_pool` and `compressed_attention` of one implementation (`naive`, `blocked`, `triton` or `auto`)."""
+    impl = resolve(attn_impl, device_type)
+    pool = importlib.import_module(f"kernels.gated_pool.{'triton' if impl == 'triton' else 'naive'}")
+    attention = importlib.import_module(f"kernels.compressed_attention.{impl}")
+    return SimpleNamespace(gated_pool=pool.gated_pool, compressed_attention=attention.compressed_attention)

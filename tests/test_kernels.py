@@ -1,5 +1,7 @@
-"""Triton kernels (kernels/) against the reference path (phasefix.model.compression) and the dense float64 oracle
-(kernels/naive.py), run on CPU under the Triton interpreter in float32 and float64 (bf16 is broken there).
+"""The attention implementations of kernels/ against the readable reference: `blocked` (the CPU path) and `triton`
+(run on CPU under the Triton interpreter) against `naive` run in float64, values and gradients, in float32 and
+float64 (bf16 is broken in the interpreter). `naive` itself is held to the independent float64 oracle of the whole
+model (tests/oracle.py) in test_model.py.
 
 Shapes are tiny (B=1, T <= 64, D=16) and tiles small (16) so every case has several query and key tiles, partial
 last tiles and unaligned band/tail starts while the whole file stays well under a minute and a half on 2 cores.
@@ -10,6 +12,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorators of kernels/
 
+import functools  # noqa: E402
 import importlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -18,15 +21,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels.naive import naive_compressed_attention, naive_gated_pool  # noqa: E402
-from phasefix.model import compression as ref  # noqa: E402
+from kernels.compressed_attention import blocked, naive  # noqa: E402
+from kernels.gated_pool import naive as naive_pool  # noqa: E402
+from phasefix.model import compression as grid  # noqa: E402
 
-# the submodules (their names are shadowed by the functions `kernels` exports)
-kg = importlib.import_module("kernels.gated_pool")
-ka = importlib.import_module("kernels.compressed_attention")
+kg = importlib.import_module("kernels.gated_pool.triton")
+ka = importlib.import_module("kernels.compressed_attention.triton")
 if "Interpreted" not in type(kg._gated_pool_fwd_kernel).__name__:  # imported earlier without the interpreter
     kg, ka = importlib.reload(kg), importlib.reload(ka)
-    kernels = importlib.reload(kernels)
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
@@ -38,8 +40,8 @@ def _close(actual, expected, dtype, what):
 # ------------------------------------------------------------------------------------------------ pooling
 def _pool_inputs(T, W, S, HKV, D, vector, goff, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    N = ref.num_entries(T, S, goff)
-    pos = ref.window_positions(T, W, S, goff)  # [N, W]; negative: empty slot
+    N = grid.num_entries(T, S, goff)
+    pos = grid.window_positions(T, W, S, goff)  # [N, W]; negative: empty slot
     payload = torch.randn(1, N, W, HKV, D, generator=g, dtype=torch.float64).to(dtype)
     logits = (2 * torch.randn(1, N, W, HKV, D if vector else 1, generator=g, dtype=torch.float64)).to(dtype)
     logits = logits.masked_fill(~(pos >= 0)[None, :, :, None, None], float("-inf"))
@@ -56,25 +58,23 @@ POOL_CASES = {
 
 
 @pytest.mark.parametrize("case", POOL_CASES.values(), ids=POOL_CASES.keys())
-def test_gated_pool_matches_reference_and_oracle(case):
+def test_gated_pool_triton_matches_naive(case):
     dtype = case["dtype"]
     payload, logits = _pool_inputs(case["T"], case["W"], case["S"], case["HKV"], 16, case["vector"], case["goff"],
                                    dtype)
     assert torch.isinf(logits).any() or case["W"] == case["S"]  # W > S: the first windows have empty slots
-    out = kernels.gated_pool(payload, logits)
+    out = kg.gated_pool(payload, logits)
     do = torch.randn_like(out)
     grads = torch.autograd.grad(out, (payload, logits), do)
-    for name, fn in (("reference", ref.gated_pool), ("oracle", naive_gated_pool)):
-        p64, s64 = payload.detach().double().requires_grad_(), logits.detach().double().requires_grad_()
-        exp = fn(p64, s64)
-        exp_grads = torch.autograd.grad(exp, (p64, s64), do.double())
-        _close(out, exp.to(dtype), dtype, f"{name} output")
-        _close(grads[0], exp_grads[0].to(dtype), dtype, f"{name} d payload")
-        finite = torch.isfinite(logits)
-        _close(grads[1][finite], exp_grads[1].to(dtype)[finite], dtype, f"{name} d gate logits")
-        assert (grads[1][~finite] == 0).all()
-    # the reference in the same dtype agrees too
-    _close(out, ref.gated_pool(payload, logits), dtype, "reference (same dtype)")
+    p64, s64 = payload.detach().double().requires_grad_(), logits.detach().double().requires_grad_()
+    exp = naive_pool.gated_pool(p64, s64)
+    exp_grads = torch.autograd.grad(exp, (p64, s64), do.double())
+    _close(out, exp.to(dtype), dtype, "output")
+    _close(grads[0], exp_grads[0].to(dtype), dtype, "d payload")
+    finite = torch.isfinite(logits)
+    _close(grads[1][finite], exp_grads[1].to(dtype)[finite], dtype, "d gate logits")
+    assert (grads[1][~finite] == 0).all()
+    _close(out, naive_pool.gated_pool(payload, logits), dtype, "naive (same dtype)")
 
 
 def test_gated_pool_gradcheck():
@@ -83,18 +83,18 @@ def test_gated_pool_gradcheck():
     base = logits.detach().clone()
 
     def f(p, s):  # gradcheck perturbs only the finite logits
-        return kernels.gated_pool(p, torch.where(finite, s, base))
+        return kg.gated_pool(p, torch.where(finite, s, base))
 
     s0 = torch.where(finite, base, torch.zeros_like(base)).requires_grad_()
     assert torch.autograd.gradcheck(f, (payload, s0), eps=1e-6, atol=1e-8)
     vp, vs = _pool_inputs(T=8, W=4, S=4, HKV=1, D=3, vector=True, goff=0, dtype=torch.float64)
-    assert torch.autograd.gradcheck(kernels.gated_pool, (vp, vs), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(kg.gated_pool, (vp, vs), eps=1e-6, atol=1e-8)
 
 
 # ------------------------------------------------------------------------------------------------ attention
 def _attn_inputs(T, H, HKV, S, goff, sink, dtype, D=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    N = ref.num_entries(T, S, goff)
+    N = grid.num_entries(T, S, goff)
 
     def r(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
@@ -106,14 +106,14 @@ def _attn_inputs(T, H, HKV, S, goff, sink, dtype, D=16, seed=0):
 
 
 ATTN_CASES = {
-    "window-T37-S4-L8-G2-sink-off1-f64": dict(T=37, H=4, HKV=2, S=4, L=8, mode="window", goff=1, sink=True,
-                                              dtype=torch.float64),
+    "window-T37-S4-L8-G2-sink-off1-f64-qb7": dict(T=37, H=4, HKV=2, S=4, L=8, mode="window", goff=1, sink=True,
+                                                  dtype=torch.float64, query_block=7),
     "window-T63-S4-L16-G4-f32": dict(T=63, H=4, HKV=1, S=4, L=16, mode="window", goff=0, sink=False,
                                      dtype=torch.float32),
     "window-T64-S8-L3-G1-sink-off5-f32": dict(T=64, H=2, HKV=2, S=8, L=3, mode="window", goff=5, sink=True,
                                               dtype=torch.float32),
-    "tail-T37-S4-G2-sink-off3-f64": dict(T=37, H=4, HKV=2, S=4, L=16, mode="tail", goff=3, sink=True,
-                                         dtype=torch.float64),
+    "tail-T37-S4-G2-sink-off3-f64-qb7": dict(T=37, H=4, HKV=2, S=4, L=16, mode="tail", goff=3, sink=True,
+                                             dtype=torch.float64, query_block=7),
     "tail-T63-S6-G4-off2-f32": dict(T=63, H=4, HKV=1, S=6, L=16, mode="tail", goff=2, sink=False,
                                     dtype=torch.float32),
     "tail-T50-S4-G1-f64-bn32": dict(T=50, H=2, HKV=2, S=4, L=16, mode="tail", goff=0, sink=False,
@@ -121,61 +121,75 @@ ATTN_CASES = {
 }
 
 
+def _impl(name: str, **tiles):
+    """An implementation's compressed_attention with small tiles (many tiles on tiny inputs): triton's block_m and
+    block_n, blocked's query_block (7: blocks that do not align with the raw chunks of 16)."""
+    if name == "triton":
+        return functools.partial(ka.compressed_attention_, block_m=tiles.get("block_m", 16),
+                                 block_n=tiles.get("block_n", 16))
+    return functools.partial(blocked.compressed_attention, query_block=tiles.get("query_block", 16))
+
+
+FAST = ("blocked", "triton")
+NAMES = ["q", "k", "v", "k_cmp", "v_cmp", "sink"]
+
+
+def _against_naive(fn, inputs, dtype, what, **kw):
+    """fn on `inputs` (its dtype) against naive in float64: the output and the gradients of every input."""
+    wrt = [x for x in inputs if x is not None]
+    sink = inputs[5]
+    out = fn(*inputs[:5], sink=sink, **kw)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, wrt, do)
+    x64 = [x.detach().double().requires_grad_() for x in wrt]
+    exp = naive.compressed_attention(*x64[:5], sink=x64[5] if sink is not None else None, **kw)
+    exp_grads = torch.autograd.grad(exp, x64, do.double())
+    _close(out, exp.to(dtype), dtype, f"{what} output")
+    for n, a, b in zip(NAMES, grads, exp_grads):
+        _close(a, b.to(dtype), dtype, f"{what} d{n}")
+    return out
+
+
+@pytest.mark.parametrize("impl", FAST)
 @pytest.mark.parametrize("case", ATTN_CASES.values(), ids=ATTN_CASES.keys())
-def test_compressed_attention_matches_reference_and_oracle(case):
+def test_compressed_attention_matches_naive(case, impl):
     dtype = case["dtype"]
     inputs = _attn_inputs(case["T"], case["H"], case["HKV"], case["S"], case["goff"], case["sink"], dtype)
     kw = dict(stride=case["S"], local_window=case["L"], local_memory=case["mode"], grid_offset=case["goff"])
-    q, k, v, kc, vc, sink = inputs
-    wrt = [x for x in inputs if x is not None]
-    out = ka.compressed_attention_(q, k, v, kc, vc, sink=sink, **kw, block_m=16, block_n=case.get("block_n", 16))
-    do = torch.randn_like(out)
-    grads = torch.autograd.grad(out, wrt, do)
-    names = ["q", "k", "v", "k_cmp", "v_cmp", "sink"]
-    for name, fn in (("reference", ref.compressed_attention), ("oracle", naive_compressed_attention)):
-        x64 = [x.detach().double().requires_grad_() for x in wrt]
-        q6, k6, v6, kc6, vc6 = x64[:5]
-        exp = fn(q6, k6, v6, kc6, vc6, sink=x64[5] if sink is not None else None, **kw, query_block=16)
-        exp_grads = torch.autograd.grad(exp, x64, do.double())
-        _close(out, exp.to(dtype), dtype, f"{name} output")
-        for n, a, b in zip(names, grads, exp_grads):
-            _close(a, b.to(dtype), dtype, f"{name} d{n}")
-    _close(out, ref.compressed_attention(q, k, v, kc, vc, sink=sink, **kw), dtype, "reference (same dtype)")
+    tiles = dict(block_n=case.get("block_n", 16), query_block=case.get("query_block", 16))
+    _against_naive(_impl(impl, **tiles), inputs, dtype, impl, **kw)
 
 
-def test_public_compressed_attention_default_tiles_and_tied_kv():
-    """The model's call: default tiles (one tile here), query_block ignored, tied K/V (v_cmp is k_cmp)."""
-    q, k, v, kc, _, sink = _attn_inputs(T=45, H=4, HKV=2, S=4, goff=1, sink=True, dtype=torch.float64)
+def test_implementations_agree_in_float32():
+    """naive, blocked and triton on the same float32 inputs (the model's call: default tiles, tied K/V)."""
+    q, k, v, kc, _, sink = _attn_inputs(T=45, H=4, HKV=2, S=4, goff=1, sink=True, dtype=torch.float32)
     kw = dict(stride=4, local_window=16, local_memory="window", sink=sink, grid_offset=1, query_block=8)
-    out = kernels.compressed_attention(q, k, v, kc, kc, **kw)
-    exp = ref.compressed_attention(q, k, v, kc, kc, **kw)
-    _close(out, exp, torch.float64, "output")
-    do = torch.randn_like(out)
-    g = torch.autograd.grad(out, (q, kc, sink), do)
-    ge = torch.autograd.grad(exp, (q, kc, sink), do)
-    for n, a, b in zip(("q", "k_cmp", "sink"), g, ge):
-        _close(a, b, torch.float64, f"d{n}")
+    outs = {impl: kernels.ops(impl).compressed_attention(q, k, v, kc, kc, **kw) for impl in kernels.IMPLS}
+    do = torch.randn_like(outs["naive"])
+    grads = {impl: torch.autograd.grad(o, (q, kc, sink), do) for impl, o in outs.items()}
+    for impl in FAST:
+        _close(outs[impl], outs["naive"], torch.float32, f"{impl} output")
+        for n, a, b in zip(("q", "k_cmp", "sink"), grads[impl], grads["naive"]):
+            _close(a, b, torch.float32, f"{impl} d{n}")
 
 
-@pytest.mark.parametrize("mode,fast", [("tail", False), ("window", True)], ids=["tail-full", "window-fast"])
-def test_compressed_attention_gradcheck(mode, fast):
-    """Full finite-difference Jacobian on one tiny case (tail), gradcheck's fast mode on the other."""
-    q, k, v, kc, vc, sink = _attn_inputs(T=9, H=2, HKV=1, S=4, goff=1, sink=True, dtype=torch.float64, D=2)
+@pytest.mark.parametrize("impl,mode,fast", [("triton", "tail", False), ("triton", "window", True),
+                                            ("blocked", "tail", True), ("blocked", "window", True)])
+def test_compressed_attention_gradcheck(impl, mode, fast):
+    """Finite differences against the hand-written backwards: the full Jacobian on one tiny triton case, gradcheck's
+    fast mode on the others (blocked: several query blocks, raw chunks and the sink)."""
+    if impl == "triton":
+        q, k, v, kc, vc, sink = _attn_inputs(T=9, H=2, HKV=1, S=4, goff=1, sink=True, dtype=torch.float64, D=2)
+        kw = dict(stride=4, local_window=3, local_memory=mode, grid_offset=1)
+    else:
+        q, k, v, kc, vc, sink = _attn_inputs(T=11, H=4, HKV=2, S=3, goff=1, sink=True, dtype=torch.float64, D=4)
+        kw = dict(stride=3, local_window=3, local_memory=mode, grid_offset=1)
+    fn = _impl(impl, query_block=4)
 
     def f(*x):
-        return ka.compressed_attention_(*x[:5], sink=x[5], stride=4, local_window=3, local_memory=mode,
-                                        grid_offset=1, block_m=16, block_n=16)
+        return fn(*x[:5], sink=x[5], **kw)
 
     assert torch.autograd.gradcheck(f, (q, k, v, kc, vc, sink), eps=1e-6, atol=1e-8, fast_mode=fast)
-
-
-def test_reference_matches_oracle_float64():
-    """The model's reference path itself, checked against the dense oracle (no downcast in float64)."""
-    q, k, v, kc, vc, sink = _attn_inputs(T=29, H=4, HKV=2, S=4, goff=2, sink=True, dtype=torch.float64)
-    for mode in ("window", "tail"):
-        kw = dict(stride=4, local_window=6, local_memory=mode, sink=sink, grid_offset=2)
-        torch.testing.assert_close(ref.compressed_attention(q, k, v, kc, vc, **kw, query_block=7),
-                                   naive_compressed_attention(q, k, v, kc, vc, **kw), atol=1e-12, rtol=1e-12)
 
 
 HEAD_OFFSET_CASES = {  # one grid offset per KV head: the model splits the call by offset (`by_grid_offset`)
@@ -188,53 +202,54 @@ HEAD_OFFSET_CASES = {  # one grid offset per KV head: the model splits the call 
 }
 
 
+@pytest.mark.parametrize("impl", FAST)
 @pytest.mark.parametrize("case", HEAD_OFFSET_CASES.values(), ids=HEAD_OFFSET_CASES.keys())
-def test_per_head_offsets_match_oracle(case):
-    """Per-KV-head grid offsets (model.head_offsets): the kernel, called once per offset through
-    `compression.by_grid_offset`, and the reference (which accepts the list itself) against the dense oracle, whose
-    visibility is per head; values and gradients."""
-    import functools
-
+def test_per_head_offsets_match_naive(case, impl):
+    """Per-KV-head grid offsets (model.head_offsets): the implementation called once per offset through
+    `compression.by_grid_offset` (as the model calls it) against naive, whose visibility is per head; values and
+    gradients. blocked also takes the list itself."""
     dtype, offs = case["dtype"], case["offs"]
-    N = ref.num_entries(case["T"], case["S"], max(offs))  # the most entries any head has
+    N = grid.num_entries(case["T"], case["S"], max(offs))  # the most entries any head has
     q, k, v, _, _, sink = _attn_inputs(case["T"], case["H"], case["HKV"], case["S"], 0, case["sink"], dtype)
     g = torch.Generator().manual_seed(3)
     kc, vc = (torch.randn(1, N, case["HKV"], 16, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
               for _ in range(2))
-    wrt = [x for x in (q, k, v, kc, vc, sink) if x is not None]
-    kw = dict(stride=case["S"], local_window=case["L"], local_memory=case["mode"])
-    tri = functools.partial(ka.compressed_attention_, block_m=16, block_n=16)
-    out = ref.by_grid_offset(tri, q, k, v, kc, vc, sink=sink, grid_offset=offs, **kw)
-    do = torch.randn_like(out)
-    grads = torch.autograd.grad(out, wrt, do)
-    x64 = [x.detach().double().requires_grad_() for x in wrt]
-    s64 = x64[5] if sink is not None else None
-    exp = naive_compressed_attention(*x64[:5], sink=s64, grid_offset=offs, **kw)
-    exp_grads = torch.autograd.grad(exp, x64, do.double())
-    _close(out, exp.to(dtype), dtype, "kernel output")
-    for n, a, b in zip(["q", "k", "v", "k_cmp", "v_cmp", "sink"], grads, exp_grads):
-        _close(a, b.to(dtype), dtype, f"kernel d{n}")
-    # the reference path, in float64, with the list passed straight in
-    got = ref.compressed_attention(*x64[:5], sink=s64, grid_offset=offs, **kw, query_block=16)
-    got_grads = torch.autograd.grad(got, x64, do.double())
-    torch.testing.assert_close(got, exp, atol=1e-12, rtol=1e-12)
-    for n, a, b in zip(["q", "k", "v", "k_cmp", "v_cmp", "sink"], got_grads, exp_grads):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12, msg=lambda m, n=n: f"reference d{n}: {m}")
+    inputs = (q, k, v, kc, vc, sink)
+    kw = dict(stride=case["S"], local_window=case["L"], local_memory=case["mode"], grid_offset=offs)
+    fn = _impl(impl)
+    _against_naive(functools.partial(grid.by_grid_offset, fn), inputs, dtype, f"{impl} by offset", **kw)
+    if impl == "blocked":
+        _against_naive(fn, inputs, dtype, "blocked (list)", **kw)
 
 
 def test_bad_arguments_raise():
     q, k, v, kc, vc, _ = _attn_inputs(T=8, H=3, HKV=2, S=4, goff=0, sink=False, dtype=torch.float32)
     with pytest.raises(ValueError, match="multiple"):
-        kernels.compressed_attention(q, k, v, kc, vc, stride=4)
+        ka.compressed_attention(q, k, v, kc, vc, stride=4)
     q, k, v, kc, vc, _ = _attn_inputs(T=8, H=2, HKV=2, S=4, goff=0, sink=False, dtype=torch.float32)
     with pytest.raises(ValueError, match="grid_offset"):
-        kernels.compressed_attention(q, k, v, kc, vc, stride=4, grid_offset=4)
+        ka.compressed_attention(q, k, v, kc, vc, stride=4, grid_offset=4)
     with pytest.raises(ValueError, match="local_memory"):
-        kernels.compressed_attention(q, k, v, kc, vc, stride=4, local_memory="band")
+        ka.compressed_attention(q, k, v, kc, vc, stride=4, local_memory="band")
     with pytest.raises(ValueError, match=r"model\.head_offsets"):
-        kernels.compressed_attention(q, k, v, kc, vc, stride=4, grid_offset=[0, 2])
+        ka.compressed_attention(q, k, v, kc, vc, stride=4, grid_offset=[0, 2])
+    with pytest.raises(ValueError, match="local_memory"):
+        naive.compressed_attention(q, k, v, kc, vc, stride=4, local_memory="band")
     with pytest.raises(ValueError, match="gate_logits"):
-        kernels.gated_pool(torch.zeros(1, 2, 4, 1, 8), torch.zeros(1, 2, 4, 1, 3))
+        kg.gated_pool(torch.zeros(1, 2, 4, 1, 8), torch.zeros(1, 2, 4, 1, 3))
+    with pytest.raises(ValueError, match="attn_impl must be one of naive, blocked, triton, auto, got 'cuda'"):
+        kernels.ops("cuda")
+
+
+def test_ops_selects_by_attn_impl_and_device():
+    """`auto` is triton on CUDA and blocked elsewhere; the pooling is triton's only for triton."""
+    assert kernels.resolve("auto", "cuda") == "triton" and kernels.resolve("auto", "cpu") == "blocked"
+    assert kernels.ops("blocked").compressed_attention is blocked.compressed_attention
+    assert kernels.ops("auto", "cpu").compressed_attention is blocked.compressed_attention
+    assert kernels.ops("naive").compressed_attention is naive.compressed_attention
+    assert kernels.ops("blocked").gated_pool is naive_pool.gated_pool
+    assert kernels.ops("auto", "cuda").compressed_attention is ka.compressed_attention
+    assert kernels.ops("triton").gated_pool is kg.gated_pool
 
 
 # ------------------------------------------------------------------------------------------------ integration
@@ -247,36 +262,36 @@ MODEL_CASES = {
 }
 
 
+@pytest.mark.parametrize("impl", FAST)
 @pytest.mark.parametrize("case", MODEL_CASES.values(), ids=MODEL_CASES.keys())
-def test_model_triton_path_matches_torch_path(case):
-    """A tiny CompressedQwen3 gives the same logits and gradients with attn_impl='triton' (interpreted kernels) as
-    with the reference path."""
+def test_model_paths_match_naive(case, impl):
+    """A tiny CompressedQwen3 gives the same logits and gradients with attn_impl=blocked and triton (interpreted
+    kernels) as with attn_impl=naive, in float64."""
     from phasefix.model.config import ModelConfig
     from phasefix.model.qwen3 import CompressedQwen3
 
     cfg = dict(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-               intermediate_size=64, **case)
+               intermediate_size=64, query_block=8, **case)
     torch.manual_seed(0)
-    m_ref = CompressedQwen3(ModelConfig(**cfg, attn_impl="torch")).double()
-    m_tri = CompressedQwen3(ModelConfig(**cfg, attn_impl="triton")).double()
-    m_tri.load_state_dict(m_ref.state_dict())
+    m_ref = CompressedQwen3(ModelConfig(**cfg, attn_impl="naive")).double()
+    m_fast = CompressedQwen3(ModelConfig(**cfg, attn_impl=impl)).double()
     with torch.no_grad():
         for p in m_ref.parameters():  # make the sink and the gates matter
             p.add_(0.3 * torch.randn_like(p))
-        m_tri.load_state_dict(m_ref.state_dict())
+    m_fast.load_state_dict(m_ref.state_dict())
     ids = torch.randint(0, 32, (1, 21))
-    out_ref, out_tri = m_ref(ids), m_tri(ids)
-    out_ref = out_ref if torch.is_tensor(out_ref) else out_ref.logits
-    out_tri = out_tri if torch.is_tensor(out_tri) else out_tri.logits
-    torch.testing.assert_close(out_tri, out_ref, atol=1e-9, rtol=1e-9)
+    out_ref, out_fast = m_ref(ids), m_fast(ids)
+    torch.testing.assert_close(out_fast, out_ref, atol=1e-9, rtol=1e-9)
     out_ref.square().sum().backward()
-    out_tri.square().sum().backward()
-    for (n, a), b in zip(m_tri.named_parameters(), m_ref.parameters()):
+    out_fast.square().sum().backward()
+    for (n, a), b in zip(m_fast.named_parameters(), m_ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-9, rtol=1e-9, msg=lambda m, n=n: f"{n}: {m}")
 
 
-def test_kernels_import_without_phasefix():
-    code = "import sys, kernels; bad = [m for m in sys.modules if m.startswith('phasefix')]; assert not bad, bad"
+def test_naive_and_triton_import_without_phasefix():
+    code = ("import sys, kernels, kernels.compressed_attention.naive, kernels.compressed_attention.triton, "
+            "kernels.gated_pool.naive, kernels.gated_pool.triton; "
+            "bad = [m for m in sys.modules if m.startswith('phasefix')]; assert not bad, bad")
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
@@ -287,8 +302,8 @@ import importlib
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-ka = importlib.import_module("kernels.compressed_attention")
-kg = importlib.import_module("kernels.gated_pool")
+ka = importlib.import_module("kernels.compressed_attention.triton")
+kg = importlib.import_module("kernels.gated_pool.triton")
 
 def build(fn, ptrs, floats, consts, warps):
     sig = {n: "constexpr" if n in consts else ptrs.get(n) or ("fp32" if n in floats else "i32") for n in fn.arg_names}

@@ -1,6 +1,6 @@
-"""The model: config and presets, the Qwen3 backbone, the compressor and the reference compressed attention."""
-from phasefix.model.compression import compressed_attention, gated_pool
+"""The model: config and presets, the Qwen3 backbone and its compressor, the window grid (`compression`).
+The attention implementations live in the top-level `kernels/` package."""
 from phasefix.model.config import ModelConfig, preset_names
 from phasefix.model.qwen3 import CompressedQwen3
 
-__all__ = ["CompressedQwen3", "ModelConfig", "compressed_attention", "gated_pool", "preset_names"]
+__all__ = ["CompressedQwen3", "ModelConfig", "preset_names"]

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import kernels
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR
 
@@ -12,7 +13,7 @@ ATTENTION = ("full", "compressed")
 LOCAL_MEMORY = ("window", "tail")
 GATE = ("scalar", "vector", "uniform")
 PAYLOAD_INIT = ("independent", "shared", "auto")
-ATTN_IMPL = ("torch", "triton", "auto")
+ATTN_IMPL = (*kernels.IMPLS, "auto")  # auto: triton on CUDA, blocked elsewhere
 HEAD_OFFSETS = ("none", "spread")  # or an explicit list [d_0, ..., d_{HKV-1}]
 
 
@@ -58,8 +59,9 @@ class ModelConfig:
     # K: each token's compressor input also sees its K-1 predecessors (a causal depthwise convolution of width K,
     # initialised to the identity); 0 = off. Bridges the boundary phase: slot 0 then carries token jS-1 too
     token_shift: int = 0
-    attn_impl: str = "torch"  # torch (reference), triton (kernels/), auto (triton on CUDA)
-    query_block: int = 128  # queries per block in the reference path (bounds memory at long T)
+    # the attention implementation (kernels/): naive (dense, O(T^2): tests), blocked (the CPU path), triton, auto
+    attn_impl: str = "blocked"
+    query_block: int = 128  # queries per block of the blocked path (bounds memory at long T)
 
     def __post_init__(self):
         self.validate()
@@ -81,6 +83,8 @@ class ModelConfig:
         check_choice("model.local_memory", self.local_memory, LOCAL_MEMORY)
         check_choice("model.gate", self.gate, GATE)
         check_choice("model.payload_init", self.payload_init, PAYLOAD_INIT)
+        if self.attn_impl == "torch":  # the blocked path's name before kernels/ held it (stored configs use it)
+            self.attn_impl = "blocked"
         check_choice("model.attn_impl", self.attn_impl, ATTN_IMPL)
         check(isinstance(self.stride, int) and self.stride >= 1, "model.stride", self.stride,
               "must be an integer >= 1")

@@ -9,6 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kernels
+from kernels.gated_pool.naive import gated_pool
 from phasefix.model import compression
 from phasefix.model.config import ModelConfig
 
@@ -135,10 +137,11 @@ class Compressor(nn.Module):
         logits = logits.masked_fill(~filled[None, :, :, None, None], float("-inf"))
         return payload, logits
 
-    def forward(self, x: torch.Tensor, k_norm: nn.Module | None, pool=compression.gated_pool):
+    def forward(self, x: torch.Tensor, k_norm: nn.Module | None, pool=gated_pool):
         """x: [B, T, C] normed hidden states -> pooled keys, values [B, N, HKV, D] (keys normed, not yet rotated)
         and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates; with per-head
-        offsets only the first N' entries, N' the fewest any head has, so that every row is a real window)."""
+        offsets only the first N' entries, N' the fewest any head has, so that every row is a real window).
+        `pool`: a `gated_pool` of `kernels` (the model passes its `attn_impl`'s)."""
         x = self.shift(x)  # [B, T, C]
         groups = compression.offset_groups(self.head_offsets)  # [(d, KV heads)]
         N = compression.num_entries(x.shape[1], self.cfg.stride, max(self.head_offsets))
@@ -196,7 +199,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=True).transpose(1, 2)
         else:
-            ops = _ops(cfg.attn_impl, x.device)
+            ops = kernels.ops(cfg.attn_impl, x.device.type)  # auto: triton on CUDA, blocked elsewhere
             k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
             offs = self.compressor.head_offsets  # one grid offset per KV head
             off = offs[0] if len(set(offs)) == 1 else offs
@@ -208,15 +211,6 @@ class Attention(nn.Module):
                                            local_memory=cfg.local_memory, sink=self.sink,
                                            query_block=cfg.query_block)
         return self.o_proj(y.reshape(B, T, -1))
-
-
-def _ops(attn_impl: str, device: torch.device):
-    """The module providing `gated_pool` and `compressed_attention`: the reference here, or the Triton kernels."""
-    if attn_impl == "triton" or (attn_impl == "auto" and device.type == "cuda"):
-        import kernels  # needs only torch and triton
-
-        return kernels
-    return compression
 
 
 class MLP(nn.Module):

@@ -20,7 +20,7 @@ Tiling (FlashAttention-2 style, online softmax in base 2, float32 accumulators; 
 - backward recomputes the probabilities from the saved base-2 logsumexp; delta = rowsum(dO * O) and the sink's
   gradient -sum_t p_sink(t) delta(t) are cheap reductions done in PyTorch.
 
-Must import with torch and triton alone (no phasefix import); the reference is `phasefix.model.compression`.
+Must import with torch and triton alone (no phasefix import); the reference is `naive.compressed_attention`.
 """
 from __future__ import annotations
 
@@ -454,7 +454,7 @@ def compressed_attention(
 ) -> torch.Tensor:
     """One softmax per query over its local raw keys, its visible compressed entries and the optional sink.
 
-    Triton twin of the reference: q [B, T, H, D]; k, v [B, T, HKV, D]; k_cmp, v_cmp [B, N, HKV, D];
+    Triton twin of `naive.compressed_attention`: q [B, T, H, D]; k, v [B, T, HKV, D]; k_cmp, v_cmp [B, N, HKV, D];
     sink [H] or None. Returns [B, T, H, D]. `query_block` is accepted for signature parity and ignored.
     """
     return compressed_attention_(q, k, v, k_cmp, v_cmp, stride=stride, local_window=local_window,

@@ -1,8 +1,9 @@
-"""Dense, readable oracles of the two kernels (fla's `naive.py` beside the kernel), torch only.
+"""Compressed attention (science.md §2), naive: the readable reference (fla's `naive.py` beside the fast ops).
 
-They build the full [T, T + N] visibility mask and never downcast float64, so in float64 they are the ground truth
-the tests hold both the Triton kernels and `phasefix.model.compression` (the model's reference path) to.
-Memory is O(T^2): for tests and small checks only.
+It builds the full [T, T + N] visibility mask from the definitions (not from `phasefix.model.compression`'s
+helpers, so that it checks them too), uses one dense masked softmax and never downcasts float64: in float64 it is
+the ground truth the tests hold `blocked` and `triton` to. Memory is O(T^2): for tests and small checks
+(`model.attn_impl=naive`). Torch only (no phasefix import).
 """
 from __future__ import annotations
 
@@ -11,13 +12,6 @@ import torch
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def naive_gated_pool(payload: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
-    """payload [B, N, W, HKV, D], gate_logits [B, N, W, HKV, 1|D] (-inf: empty slot) -> [B, N, HKV, D]."""
-    acc = _acc(payload.dtype)
-    a = torch.softmax(gate_logits.to(acc), dim=2)  # [B, N, W, HKV, 1|D]
-    return (a * payload.to(acc)).sum(dim=2).to(payload.dtype)
 
 
 def visibility(T: int, N: int, stride: int, local_window: int = 16, local_memory: str = "window",
@@ -36,9 +30,12 @@ def visibility(T: int, N: int, stride: int, local_window: int = 16, local_memory
     return raw, cmp
 
 
-def naive_compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window=16, local_memory="window", sink=None,
-                               scale=None, grid_offset=0, query_block=256):
-    """Same contract as `kernels.compressed_attention`, computed densely: q [B,T,H,D] -> [B,T,H,D].
+def compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window=16, local_memory="window", sink=None,
+                         scale=None, grid_offset=0, query_block=256):
+    """One softmax per query over its local raw keys, its visible entries and the optional sink (value zero),
+    computed densely: q [B,T,H,D]; k, v [B,T,HKV,D]; k_cmp, v_cmp [B,N,HKV,D]; sink [H] or None -> [B,T,H,D].
+    Raw keys of query t: (t-L, t] ("window") or the tokens no visible entry covers ("tail"). `query_block` is
+    accepted for signature parity and ignored.
     grid_offset: one int, or one per KV head (each KV head and its query heads then see their own grid)."""
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]

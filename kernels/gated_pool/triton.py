@@ -8,7 +8,7 @@ One program pools one (entry, KV head) pair: it holds the whole [W, D] slot tile
 presets) and D (<= 256) are single blocks. Empty slots carry a -inf logit and get zero weight. The softmax runs in
 float32 (float64 for float64 inputs); the backward recomputes it instead of saving the weights.
 
-Must import with torch and triton alone (no phasefix import); the reference is `phasefix.model.compression`.
+Must import with torch and triton alone (no phasefix import); the reference is `naive.gated_pool`.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ class GatedPoolFunction(torch.autograd.Function):
 
 
 def gated_pool(payload: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over slots, then the weighted sum of the slot payloads (Triton twin of the reference).
+    """Softmax over slots, then the weighted sum of the slot payloads (Triton twin of `naive.gated_pool`).
 
     payload:     [B, N, W, HKV, D]  C_i h_{j,i} for every entry j and slot i
     gate_logits: [B, N, W, HKV, 1] (scalar gate) or [B, N, W, HKV, D] (vector gate); -inf marks empty slots
