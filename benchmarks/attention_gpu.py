@@ -1,10 +1,11 @@
 """Compressed attention on a GPU: bf16 correctness and speed against full attention (issue 7).
 
 One prepared script for a lent H200 (or any CUDA GPU):
-  1. correctness: the Triton kernels in bf16 against the float32 reference (phasefix.model.compression), output and
+  1. correctness: the Triton kernels in bf16 against the float32 blocked path (kernels.compressed_attention.blocked,
+     itself tested against the naive reference), output and
      the gradients of q, k, v, k_cmp, v_cmp and sink, at T = --check-len;
   2. speed, forward and forward+backward, for T in --seqlens:
-     - `triton`: kernels.compressed_attention (S=4, local window 128, sink on),
+     - `triton`: kernels.compressed_attention.triton (S=4, local window 128, sink on),
      - `sdpa_flash`: F.scaled_dot_product_attention, flash backend, full causal attention,
      - `flex`: FlexAttention over [entries | raw keys] with the same mask as a block mask (no sink: FlexAttention
        has no extra denominator term),
@@ -83,12 +84,12 @@ def make_inputs(B, T, H, HKV, D, stride, dtype, device, seed=0):
 
 
 # ------------------------------------------------------------------------------------------------ correctness
-def check_correctness(args, kernels_mod, ref):
+def check_correctness(args, tri, ref):
     B, T, H, HKV, D = args.batch, args.check_len, args.heads, args.kv_heads, args.head_dim
     x = make_inputs(B, T, H, HKV, D, args.stride, torch.bfloat16, "cuda")
     kw = dict(stride=args.stride, local_window=args.local_window, local_memory=args.local_memory)
     names = ["q", "k", "v", "k_cmp", "v_cmp", "sink"]
-    out = kernels_mod.compressed_attention(x["q"], x["k"], x["v"], x["k_cmp"], x["v_cmp"], sink=x["sink"], **kw)
+    out = tri.compressed_attention(x["q"], x["k"], x["v"], x["k_cmp"], x["v_cmp"], sink=x["sink"], **kw)
     do = torch.randn_like(out)
     grads = torch.autograd.grad(out, [x[n] for n in names], do)
     x32 = {n: x[n].detach().float().requires_grad_() for n in names}
@@ -111,10 +112,9 @@ def bench(fn, rep_ms):
     return float(triton.testing.do_bench(fn, warmup=max(25, rep_ms // 4), rep=rep_ms))
 
 
-def time_triton(args, kernels_mod, T):
+def time_triton(args, ka, T):
     B, H, HKV, D = args.batch, args.heads, args.kv_heads, args.head_dim
     x = make_inputs(B, T, H, HKV, D, args.stride, torch.bfloat16, "cuda")
-    ka = sys.modules["kernels.compressed_attention"]
     kw = dict(stride=args.stride, local_window=args.local_window, local_memory=args.local_memory, sink=x["sink"],
               block_m=args.block_m, block_n=args.block_n)
     ins = [x[n] for n in ("q", "k", "v", "k_cmp", "v_cmp", "sink")]
@@ -204,8 +204,8 @@ def main(argv=None) -> int:
               "Run it on a machine with one: python benchmarks/attention_gpu.py --out attention_gpu.json",
               file=sys.stderr)
         return 2
-    import kernels
-    from phasefix.model import compression as ref
+    from kernels.compressed_attention import blocked as ref
+    from kernels.compressed_attention import triton as tri
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     B, H, HKV, D, S, L = args.batch, args.heads, args.kv_heads, args.head_dim, args.stride, args.local_window
@@ -219,14 +219,14 @@ def main(argv=None) -> int:
     result["triton"] = triton.__version__
 
     t0 = time.time()
-    result["correctness"] = check_correctness(args, kernels, ref)
+    result["correctness"] = check_correctness(args, tri, ref)
     print(f"bf16 vs float32 reference at T={args.check_len} ({time.time() - t0:.0f}s):")
     for name, r in result["correctness"].items():
         print(f"  {name:7s} rel_l2 {r['rel_l2']:.2e}  max_abs {r['max_abs']:.2e}  {'ok' if r['ok'] else 'FAIL'}")
     torch.cuda.empty_cache()
 
     rows = []
-    impls = [("triton", lambda T: time_triton(args, kernels, T)), ("sdpa_flash", lambda T: time_sdpa_flash(args, T))]
+    impls = [("triton", lambda T: time_triton(args, tri, T)), ("sdpa_flash", lambda T: time_sdpa_flash(args, T))]
     if not args.skip_flex:
         impls.append(("flex", lambda T: time_flex(args, T)))
     for T in args.seqlens:
