@@ -10,7 +10,7 @@ of the peak resident set of a fresh subprocess per measurement (CPU tensors have
     python benchmarks/attention_cpu.py --T 4096 --repeats 9 --no-memory
     python benchmarks/attention_cpu.py --threads 1 --clock cpu     # steadier when other jobs share the cores
 
-Figures and the machine they came from: docs/performance.md, "CPU (reference path)".
+Figures and the machine they came from: docs/performance.md, "CPU (blocked path)".
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The model (issue 2): HF parity, compressed attention against an independent float64 oracle, causality,
-config validation and presets, and the reference path's memory at long T. CPU, tiny sizes, well under a minute."""
+config validation and presets, and the blocked path's memory at long T. CPU, tiny sizes, well under a minute."""
 from __future__ import annotations
 
 import resource
@@ -14,7 +14,7 @@ from phasefix.model import CompressedQwen3, ModelConfig, preset_names
 from phasefix.model import compression
 
 sys.path.insert(0, str(Path(__file__).parent))
-import oracle  # noqa: E402  (tests/oracle.py: the plain float64 reference)
+import oracle  # noqa: E402  (tests/oracle.py: the independent float64 oracle of the whole model)
 
 # a small backbone; head_dim (16) != hidden_size / num_heads (8) on purpose
 SMALL = dict(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -607,10 +607,10 @@ def test_tiny_preset_is_small():
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
 
 
-# ================================================================================= the reference path scales
+# ================================================================================= the blocked path scales
 def test_tiny_forward_at_16k_builds_no_txt_matrix(monkeypatch):
     """tiny at T=16384: every query's score row is short (entries + local keys + sink), never ~T long, whether the
-    reference computes it with torch.softmax or with a masked scaled_dot_product_attention; memory stays modest."""
+    blocked path computes it with torch.softmax or with a masked scaled_dot_product_attention; memory stays modest."""
     T = 16384
     model = CompressedQwen3.from_name("tiny").eval()
     cfg = model.config
