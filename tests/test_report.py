@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from phasefix import tracking
 from phasefix.metrics import PhaseAccuracy
-from phasefix.report import main, report
+from phasefix.report import main, pareto_front, report
 
 PERIOD = 24
 
@@ -129,7 +129,7 @@ def test_report_bad_selection_exits_2(store, args, key, capsys, tmp_path):
 
 
 def test_pareto_front():
-    assert tracking.pareto_front([(0.9, 0.4), (0.8, 0.8), (0.7, 0.7), (0.9, 0.4), (math.nan, 1.0)]) == [
+    assert pareto_front([(0.9, 0.4), (0.8, 0.8), (0.7, 0.7), (0.9, 0.4), (math.nan, 1.0)]) == [
         True, True, False, True, False]
 
 
