@@ -96,8 +96,7 @@ def resume_run(c: MlflowClient, run_id: str) -> None:
 
 def end_run(c: MlflowClient, run_id: str, status: str, tags: Mapping[str, str] | None = None) -> None:
     """End a run that outlived the block that ran it (a study's parent and trials): `tags` first, then `status`."""
-    for k, v in (tags or {}).items():
-        c.set_tag(run_id, k, v)
+    set_tags(c, run_id, tags or {})
     c.set_terminated(run_id, status=status)
 
 
@@ -201,7 +200,6 @@ def log_phase_result(c: MlflowClient, run_id: str, padding: str, res: Mapping, s
 # ------------------------------------------------------------------------------------------------ metric names
 # A phase metric is `<split>/<padding>/<key>`: `val` while training (the Lightning module, every val_every_n_steps),
 # `final` for the evaluation after training (fit, evaluate); `phase_acc/<padding>` is the final curve by residue.
-SPLITS = ("val", "final")
 FINAL_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio")
 FINAL_PREFIXES = ("phase_acc/", "final/")
 
