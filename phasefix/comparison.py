@@ -68,9 +68,11 @@ def worst_excluding_boundary(curve: Sequence[float], stride: int) -> float:
 
 def run_facts(run) -> dict:
     """What the comparison needs from one MLflow run beyond `report.collect`'s row: regime, arm, learned, costs."""
+    from phasefix.tracking import phase_metric
+
     params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
     facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm", ""),
-             "learned": learned(metrics.get("final/prefix/acc_mean", math.nan), params),
+             "learned": learned(metrics.get(phase_metric("final", "prefix", "acc_mean"), math.nan), params),
              "compressor_flops_per_token": math.nan, "cache_entries_per_token": math.nan}
     if not any(k.startswith("model.") for k in params):  # an evaluate run of a foreign model
         return facts

@@ -70,7 +70,9 @@ class TrainProgress(Callback):
 
     def on_validation_end(self, trainer, pl_module):
         m = trainer.callback_metrics
-        mean, worst = m.get(f"val/{self.padding}/acc_mean"), m.get(f"val/{self.padding}/acc_worst")
+        from phasefix.tracking import phase_metric
+
+        mean, worst = (m.get(phase_metric("val", self.padding, k)) for k in ("acc_mean", "acc_worst"))
         if mean is not None and worst is not None:
             self.val = f", val {self.padding} mean {float(mean):.2f} worst {float(worst):.2f}"
 

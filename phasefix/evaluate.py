@@ -280,15 +280,13 @@ def evaluate(args: Sequence[str] | Mapping = ()) -> dict:
         OUTPUTS_DIR / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{name}")
     out.mkdir(parents=True, exist_ok=True)
     c = tracking.client(opts["tracking_uri"])
-    exp_id = tracking.get_or_create_experiment(c, opts["experiment"])
     tags = {**target.tags, "task": opts["task"], "period": str(period), "stride": str(stride or "none"),
-            "source": target.source, "phasefix.kind": "evaluate", "git_commit": tracking.git_commit(),
-            "output_dir": str(out.resolve())}
-    run_id = c.create_run(exp_id, run_name=name, tags=tags).info.run_id
+            "source": target.source, "phasefix.kind": "evaluate", "output_dir": str(out.resolve())}
+    run_id = tracking.create_run(c, opts["experiment"], name, tags)
     tracking.log_params(c, run_id, {k: (",".join(v) if isinstance(v, list) else v) for k, v in opts.items()}
                         | {"period": period, "stride": stride, "batch_size": batch_size})
-    status, t0 = "FAILED", time.time()
-    try:
+    t0 = time.time()
+    with tracking.running(c, run_id):
         summary = {"mlflow_run_id": run_id, "kind": "evaluate", "model": target.name, "source": target.source,
                    "task": opts["task"], "period": period, "stride": stride, "output_dir": str(out.resolve())}
         if opts["task"] == "flip":
@@ -312,21 +310,17 @@ def evaluate(args: Sequence[str] | Mapping = ()) -> dict:
                 results[pad] = res
                 summary[pad] = {k: _plain(res[k]) for k in SUMMARY_KEYS if k in res}
                 tracking.log_phase_result(c, run_id, pad, res)
-            fig = tracking.phase_figure(results, stride, title=f"{name} {opts['task']}  (run {run_id[:8]})")
+            from phasefix import plots
+
+            fig = plots.phase_curves(results, stride, title=f"{name} {opts['task']}  (run {run_id[:8]})")
             fig.savefig(out / "phase_curves.png", dpi=110)
             tracking.log_figure(c, run_id, fig, "phase_curves.png")
             (out / "phase_table.csv").write_text(tracking.residue_table(results))
-            c.log_artifact(run_id, str(out / "phase_table.csv"))
+            tracking.log_files(c, run_id, [out / "phase_table.csv"])
         summary["seconds"] = round(time.time() - t0, 1)
         tracking.write_json(out / "summary.json", summary)
-        c.log_artifact(run_id, str(out / "summary.json"))
-        status = "FINISHED"
+        tracking.log_dict(c, run_id, summary, "summary.json")
         return summary
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        c.set_terminated(run_id, status=status)
 
 
 def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
@@ -403,18 +397,11 @@ def flip_figure(res: Mapping, title: str = ""):
 
 
 def _log_flip(c, run_id: str, out: Path, res: dict, name: str) -> None:
-    import time as _time
-
-    from mlflow.entities import Metric
-
     from phasefix import tracking
 
-    ts = int(_time.time() * 1000)
-    metrics = [Metric("flip/logp_diff", float(d), ts, int(f)) for f, d in zip(res["filler_lengths"], res["logp_diff"])]
-    metrics += [Metric(f"flip/{k}", float(res[k]), ts, 0) for k in ("period_detected", "period_fft", "flip_rate",
-                                                                     "range") if res[k] is not None]
-    for i in range(0, len(metrics), 500):
-        c.log_batch(run_id, metrics=metrics[i:i + 500])
+    tracking.log_metric_values(c, run_id, {f"flip/{k}": res[k] for k in ("period_detected", "period_fft", "flip_rate",
+                                                                         "range")},
+                               {"flip/logp_diff": dict(zip(res["filler_lengths"], res["logp_diff"]))})
     fig = flip_figure(res, name)
     fig.savefig(out / "flip_curve.png", dpi=110)
     tracking.log_figure(c, run_id, fig, "flip_curve.png")
@@ -422,7 +409,7 @@ def _log_flip(c, run_id: str, out: Path, res: dict, name: str) -> None:
         f"{f},{a:.6f},{b:.6f},{d:.6f}" for f, a, b, d in zip(res["filler_lengths"], res["logp_a"], res["logp_b"],
                                                             res["logp_diff"])]
     (out / "flip_table.csv").write_text("\n".join(rows) + "\n")
-    c.log_artifact(run_id, str(out / "flip_table.csv"))
+    tracking.log_files(c, run_id, [out / "flip_table.csv"])
 
 
 def print_summary(summary: dict) -> None:

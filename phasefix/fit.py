@@ -15,66 +15,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from phasefix import config as C
 from phasefix import tracking
+from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
 from phasefix.errors import ConfigError, check, check_choice
-from phasefix.paths import CONF_DIR
-
 
 
 # ------------------------------------------------------------------------------------------------ config
-def compose(overrides: Sequence[str] = (), config_name: str = "fit") -> DictConfig:
-    """The composed config for these overrides (Hydra compose API), with composition errors as ConfigError."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
-    except Exception as e:  # Hydra/OmegaConf errors are long; users need one line naming the key
-        raise ConfigError(_one_line_hydra_error(e, overrides)) from None
-
-
-def _one_line_hydra_error(e: Exception, overrides: Sequence[str]) -> str:
-    from hydra.errors import MissingConfigException
-
-    if isinstance(e, MissingConfigException):
-        for o in overrides:
-            key, _, value = o.lstrip("+~").partition("=")
-            group_dir = CONF_DIR / key
-            if group_dir.is_dir():
-                allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))
-                names = value.strip("[]").split(",")
-                bad = [n for n in names if n not in allowed]
-                if bad:
-                    return f"{key}={bad[0]} is invalid: allowed values are {', '.join(allowed)}"
-    cause = e.__cause__ or e
-    msg = str(cause).splitlines()
-    full_key = next((ln.split(":", 1)[1].strip() for ln in msg if ln.strip().startswith("full_key:")), None)
-    first = msg[0] if msg else type(e).__name__
-    if full_key and ("not in" in first or "is not in struct" in first):
-        return unknown_key(full_key)
-    if full_key:
-        return f"{full_key}: {first}"
-    return f"{first} (overrides: {' '.join(overrides)})"
-
-
-def config_keys() -> list[str]:
-    """Every key of the fit config (both data kinds), dotted: what a misspelt key is matched against."""
-    keys = set()
-    for overrides in ([], ["data=lm_mix"]):
-        keys |= set(tracking.flatten(OmegaConf.to_container(compose(overrides), resolve=False)))
-    return sorted(keys)
-
-
-def unknown_key(key: str) -> str:
-    """`unknown key K; did you mean K2?` (difflib over the config's keys)."""
-    import difflib
-
-    close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
-    return f"unknown key {key}" + (f"; did you mean {close[0]}?" if close else " (python -m phasefix.fit --cfg lists the keys)")
-
-
 def plan_model(cfg: DictConfig):
     """(model config as the mitigations change it, the mitigations); ConfigError when a mitigation cannot apply to
     the model (e.g. head_coord with one KV head)."""
@@ -281,103 +226,96 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     if run is None:
         out_dir = Path(cfg.output_dir) if cfg.output_dir else (
             outputs_dir() / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{run_name(cfg)}")
-        exp_id = tracking.get_or_create_experiment(c, cfg.logger.experiment_name)
         mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
-        mlflow_run = c.create_run(exp_id, run_name=run_name(cfg), tags={
+        run_id = tracking.create_run(c, cfg.logger.experiment_name, run_name(cfg), tags={
             "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
             "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
-            "git_commit": tracking.git_commit(), "phasefix.kind": "fit", "output_dir": str(out_dir),
-            **tracking.provenance(),
+            "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
             **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
-        run_id = mlflow_run.info.run_id
         tracking.log_params(c, run_id, resolved)
-        c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
         run = Run.create(out_dir, run_id, c.tracking_uri, OmegaConf.to_yaml(cfg, resolve=True))
     else:
         out_dir, run_id = run.dir, run.run_id
         tracking.rewind(c, run_id, step=start_step)  # the points this piece logs again (from the checkpoint on)
-        c.update_run(run_id, status="RUNNING")
-        c.set_tag(run_id, "resumed_from", f"{run.checkpoint()} (step {start_step})")
+        tracking.set_tags(c, run_id, {"resumed_from": f"{run.checkpoint()} (step {start_step})"})
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
-        c.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
     resume_ckpt = run.checkpoint() if resuming else None
 
-    status, trainer = "FAILED", None
+    trainer = None
     ckpt_dir = out_dir / "checkpoints"
-    try:
-        module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
-                                optim=OmegaConf.to_container(cfg.optim, resolve=True),
-                                max_steps=cfg.trainer.max_steps,
-                                mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
-                                if cfg.get("mitigation") else None,
-                                paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
-                                **(data_cfg.text_loss if is_lm_mix else {}))
-        data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
-                                   eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
-                                   max_steps=cfg.trainer.max_steps)
-        logger = RunLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
-                              run_id=run_id)
-        verbose = bool(cfg.get("verbose"))
-        callbacks = [
-            ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
-                            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
-            ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=f"val/{cfg.eval.paddings[0]}/acc_mean",
-                            mode="max", save_top_k=1, auto_insert_metric_name=False),
-            LastCheckpoint(dirpath=ckpt_dir, filename="last"),
-            TrainClock(before_seconds),
-            *([console.TrainProgress(cfg.eval.paddings[0])] if cfg.trainer.progress_bar and not verbose else []),
-            *callbacks,
-        ]
-        trainer = L.Trainer(
-            accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, strategy=cfg.trainer.strategy,
-            precision=cfg.trainer.precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
-            gradient_clip_val=cfg.trainer.gradient_clip_val, val_check_interval=cfg.trainer.val_every_n_steps,
-            check_val_every_n_epoch=None, log_every_n_steps=cfg.trainer.log_every_n_steps,
-            deterministic=cfg.trainer.deterministic, enable_progress_bar=bool(cfg.trainer.progress_bar and verbose),
-            enable_model_summary=False, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
-            use_distributed_sampler=False, default_root_dir=str(out_dir))
-        t_fit = time.time()
-        trainer.fit(module, datamodule=data, ckpt_path=str(resume_ckpt) if resume_ckpt else None)
-        if trainer.interrupted:
-            raise KeyboardInterrupt
-        train_seconds = before_seconds + (time.time() - t_fit)
+    with tracking.running(c, run_id, resumed=resuming):  # ends the run FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
+        try:
+            module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                                    optim=OmegaConf.to_container(cfg.optim, resolve=True),
+                                    max_steps=cfg.trainer.max_steps,
+                                    mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
+                                    if cfg.get("mitigation") else None,
+                                    paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
+                                    **(data_cfg.text_loss if is_lm_mix else {}))
+            data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
+                                       eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
+                                       max_steps=cfg.trainer.max_steps)
+            logger = RunLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
+                                  run_id=run_id)
+            verbose = bool(cfg.get("verbose"))
+            callbacks = [
+                ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
+                                every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
+                ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean"),
+                                mode="max", save_top_k=1, auto_insert_metric_name=False),
+                LastCheckpoint(dirpath=ckpt_dir, filename="last"),
+                TrainClock(before_seconds),
+                *([console.TrainProgress(cfg.eval.paddings[0])] if cfg.trainer.progress_bar and not verbose else []),
+                *callbacks,
+            ]
+            trainer = L.Trainer(
+                accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, strategy=cfg.trainer.strategy,
+                precision=cfg.trainer.precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
+                gradient_clip_val=cfg.trainer.gradient_clip_val, val_check_interval=cfg.trainer.val_every_n_steps,
+                check_val_every_n_epoch=None, log_every_n_steps=cfg.trainer.log_every_n_steps,
+                deterministic=cfg.trainer.deterministic, enable_progress_bar=bool(cfg.trainer.progress_bar and verbose),
+                enable_model_summary=False, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
+                use_distributed_sampler=False, default_root_dir=str(out_dir))
+            t_fit = time.time()
+            trainer.fit(module, datamodule=data, ckpt_path=str(resume_ckpt) if resume_ckpt else None)
+            if trainer.interrupted:
+                raise KeyboardInterrupt
+            train_seconds = before_seconds + (time.time() - t_fit)
 
-        # the final phase evaluation, on fresh prompts with intervals
-        from phasefix.evaluate import evaluate_phase
+            # the final phase evaluation, on fresh prompts with intervals
+            from phasefix.evaluate import evaluate_phase
 
-        model = module.model.eval()
-        results = {}
-        for pad in cfg.eval.paddings:
-            ds = eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.per_residue, cfg.eval.seed)
-            results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
-                                          n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
-                                          progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
-        summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
-        summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
-        if is_lm_mix:
-            val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
-            summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
-            c.log_metric(run_id, "final/lm_loss", summary["lm_loss"])
-        log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
-        tracking.write_json(out_dir / "summary.json", summary)
-        c.log_artifact(run_id, str(out_dir / "summary.json"))
-        status = "FINISHED"
-        return summary
-    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
-        status = "KILLED"
-        if isinstance(e, SystemExit) and not isinstance(e, SIGTERMException) and not (trainer and trainer.interrupted):
-            raise
-        step = f" at step {trainer.global_step}" if trainer is not None else ""
-        saved = f"; checkpoint {ckpt_dir / 'last.ckpt'}" if (ckpt_dir / "last.ckpt").exists() else ""
-        hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
-                if saved else f"interrupted{step} before any checkpoint was written")
-        if isinstance(e, SIGTERMException):
-            print(hint, file=sys.stderr)
-            raise SystemExit(128 + 15) from e  # the shell's code for "terminated by SIGTERM"
-        raise RunInterrupted(hint) from None
-    finally:
-        c.set_terminated(run_id, status=status)
+            model = module.model.eval()
+            results = {}
+            for pad in cfg.eval.paddings:
+                ds = eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.per_residue, cfg.eval.seed)
+                results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
+                                              n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
+                                              progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
+            summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
+            summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
+            if is_lm_mix:
+                val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
+                summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
+                tracking.log_metric_values(c, run_id, {"final/lm_loss": summary["lm_loss"]})
+            log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
+            tracking.write_json(out_dir / "summary.json", summary)
+            tracking.log_dict(c, run_id, summary, "summary.json")
+            return summary
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
+            if isinstance(e, SystemExit) and not isinstance(e, SIGTERMException) and not (trainer and trainer.interrupted):
+                raise
+            step = f" at step {trainer.global_step}" if trainer is not None else ""
+            saved = f"; checkpoint {ckpt_dir / 'last.ckpt'}" if (ckpt_dir / "last.ckpt").exists() else ""
+            hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
+                    if saved else f"interrupted{step} before any checkpoint was written")
+            if isinstance(e, SIGTERMException):
+                print(hint, file=sys.stderr)
+                raise SystemExit(128 + 15) from e  # the shell's code for "terminated by SIGTERM"
+            raise RunInterrupted(hint) from None
 
 
 def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir) -> dict:
@@ -409,20 +347,20 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
     tracking.rewind(c, run_id, final=True)  # a resumed run's earlier final results: replaced, not duplicated
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
-    fig = tracking.phase_figure(results, model_cfg.stride,
-                                title=f"{run_name(cfg)}  (run {run_id[:8]})")
+    from phasefix import plots
+
+    fig = plots.phase_curves(results, model_cfg.stride, title=f"{run_name(cfg)}  (run {run_id[:8]})")
     tracking.log_figure(c, run_id, fig, "phase_curves.png")
-    c.log_text(run_id, tracking.residue_table(results), "phase_table.csv")
+    tracking.log_phase_table(c, run_id, results)
     if model_cfg.compressed and model_cfg.gate != "uniform":
-        from phasefix.mitigations.gates import effective_slots, gate_heatmap
+        from phasefix.mitigations.gates import effective_slots
 
         probe = next(iter(val_sets.values()))[:64]["input_ids"]
         static = module.static_gates(probe)
-        for layer, branches in enumerate(static):
-            for branch, prob in branches.items():
-                for h, e in enumerate(effective_slots(prob).tolist()):
-                    c.log_metric(run_id, f"gates/L{layer}/{branch}/h{h}/eff_slots", e, step=step)
-        tracking.log_figure(c, run_id, gate_heatmap(static), "gate_heatmap.png")
+        tracking.log_metric_values(c, run_id, {
+            f"gates/L{layer}/{branch}/h{h}/eff_slots": e for layer, branches in enumerate(static)
+            for branch, prob in branches.items() for h, e in enumerate(effective_slots(prob).tolist())}, step=step)
+        tracking.log_figure(c, run_id, plots.gate_heatmap(static), "gate_heatmap.png")
 
 
 def print_summary(summary: dict) -> None:
@@ -438,46 +376,20 @@ def print_summary(summary: dict) -> None:
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
 
 
-def print_help() -> None:
-    """Hydra's help template (`hydra.help.template` in conf/fit.yaml) with the config groups filled in."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="fit", return_hydra_config=True)
-    groups = "\n".join(f"  {g.name:<11} " + ", ".join(sorted(p.stem for p in g.glob("*.yaml")))
-                       for g in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()))
-    print(cfg.hydra.help.template.replace("$APP_CONFIG_GROUPS", groups))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    from phasefix.console import verbose_flag
+    """`python -m phasefix.fit`: 0 done, 2 a bad config (one line, nothing written), 130 interrupted (Ctrl-C)."""
+    from phasefix import cli
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print_help()
+    def work(cfg: DictConfig) -> int:
+        try:
+            summary = fit(cfg)  # fit validates everything (plan) before it writes anything
+        except KeyboardInterrupt as e:
+            print(str(e) or "interrupted", file=sys.stderr)
+            return 130
+        print_summary(summary)
         return 0
-    argv, verbose = verbose_flag(argv)
-    if verbose:
-        argv.append("verbose=true")
-    show_cfg = "--cfg" in argv
-    argv = [a for a in argv if a != "--cfg"]
-    try:
-        cfg = compose(argv)
-        if show_cfg:
-            print(OmegaConf.to_yaml(cfg))
-            return 0
-        summary = fit(cfg)  # fit validates everything (plan) before it writes anything
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(str(e) or "interrupted", file=sys.stderr)
-        return 130
-    print_summary(summary)
-    return 0
+
+    return cli.run("fit", argv, work)
 
 
 if __name__ == "__main__":

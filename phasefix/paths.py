@@ -4,7 +4,6 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_ROOT / "conf"
 MLRUNS_DIR = PROJECT_ROOT / "mlruns"
-STUDIES_DIR = PROJECT_ROOT / "studies"
 OUTPUTS_DIR = PROJECT_ROOT / "outputs"
 
 

@@ -19,6 +19,9 @@ outputs/reports/<date>-<time>):
 Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix) whose tags match all
 `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
 to a new MLflow run tagged `phasefix.kind=report` (`log=false` skips it). `tracking_uri=` picks the store.
+A Hydra app (conf/report.yaml over `ReportConfig`; `--cfg` prints it): `experiment=` is the key `experiment_name`
+(`experiment` is fit's config group), `runs=a,b` and `tag.KEY=VALUE` are rewritten to `runs=['a','b']` and
+`+tag.KEY='VALUE'` (`shim`).
 """
 from __future__ import annotations
 
@@ -28,44 +31,78 @@ import re
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from phasefix.errors import ConfigError, check, check_choice
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
-PADDINGS = ("prefix", "in_sequence")
+from phasefix.config import PADDINGS
+from phasefix.errors import check, check_choice
+
 KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
-OPTIONS = ("experiment", "runs", "kind", "tracking_uri", "out", "log")
+OPTIONS = ("experiment", "runs", "kind", "tracking_uri", "out", "log", "verbose", "experiment_name")
 
 
-def parse_args(argv: Sequence[str] | Mapping) -> dict:
-    given = dict(argv) if isinstance(argv, Mapping) else {}
-    if not isinstance(argv, Mapping):
-        for arg in argv:
-            key, eq, value = arg.partition("=")
-            check(bool(eq) and bool(key), "argument", arg, "must be key=value")
-            given[key] = value
-    opts = dict(experiment=None, runs=[], kind=list(KINDS), tracking_uri=None, out=None, log=True, tags={})
-    for key, value in given.items():
-        if key.startswith("tag."):
-            check(len(key) > 4, "argument", key, "must name a tag: tag.KEY=VALUE")
-            opts["tags"][key[4:]] = str(value)
+@dataclass
+class ReportConfig:
+    experiment_name: str | None = None  # `experiment=NAME`; default phasefix
+    runs: list[str] = field(default_factory=list)  # run ids or unique prefixes (then no experiment, no tags)
+    tag: dict[str, str] = field(default_factory=dict)  # `tag.KEY=VALUE`: runs whose tag KEY is VALUE
+    kind: list[str] = field(default_factory=lambda: list(KINDS))
+    tracking_uri: str | None = None
+    out: str | None = None  # default outputs/reports/<date>-<time>
+    log: bool = True  # log the report to a new MLflow run
+    verbose: bool = False
+
+
+ConfigStore.instance().store(name="report_schema", node=ReportConfig)
+
+
+def shim(argv: Sequence[str]) -> list[str]:
+    """Today's `key=value` forms as Hydra overrides: `experiment=X` -> `experiment_name='X'`, `runs=a,b` ->
+    `runs=['a','b']` (ids stay strings: 1e328003 is not a float), `tag.K=V` -> `+tag.K='V'`; an unknown option is
+    one line naming it."""
+    from phasefix.cli import quoted
+
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        check(bool(eq) and bool(key), "argument", arg, "must be key=value")
+        bare = key.lstrip("+")
+        if bare.startswith("tag."):
+            check(len(bare) > 4, "argument", key, "must name a tag: tag.KEY=VALUE")
+            out.append(f"+{bare}={quoted(value)}")
             continue
-        check_choice("option", key, OPTIONS + ("tag.KEY",))
-        if key in ("runs", "kind"):
-            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()] if isinstance(value, str) else list(value)
-        if key == "log" and isinstance(value, str):
-            check(value.lower() in ("true", "false"), "log", value, "must be true or false")
-            value = value.lower() == "true"
-        opts[key] = value
-    for k in opts["kind"]:
+        check_choice("option", bare, OPTIONS + ("tag.KEY",))
+        if bare == "experiment":
+            bare = "experiment_name"
+        if bare in ("runs", "kind") and not value.startswith("["):
+            value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
+        elif bare in ("experiment_name", "tracking_uri", "out") and not value.startswith(("'", '"')):
+            value = quoted(value)
+        out.append(f"{bare}={value}")
+    return out
+
+
+def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
+    """The report's config: composed from `key=value` arguments (or a mapping of them) through `shim`, or as
+    given; the selection checked (kinds, runs= without experiment= or tags)."""
+    if not isinstance(cfg, DictConfig):
+        from phasefix.cli import compose
+
+        args = [f"{k}={','.join(v) if isinstance(v, (list, tuple)) else v}" for k, v in cfg.items()] \
+            if isinstance(cfg, Mapping) else list(cfg)
+        cfg = compose(shim(args), "report")
+    for k in cfg.kind:
         check_choice("kind", k, KINDS)
-    check(not (opts["runs"] and (opts["tags"] or opts["experiment"])), "runs", ",".join(opts["runs"]),
+    check(not (cfg.runs and (cfg.tag or cfg.experiment_name)), "runs", ",".join(cfg.runs),
           "selects runs by id: drop experiment= and tag.* (or drop runs=)")
-    return opts
+    return cfg
 
 
 def _num(x) -> float:
@@ -95,7 +132,7 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
         if "flip/period_detected" in metrics:
             flips.append({**base, **{k: metrics.get(f"flip/{k}") for k in ("period_detected", "period_fft",
                                                                             "flip_rate", "range")}})
-        pads = [p for p in PADDINGS if f"final/{p}/acc_mean" in metrics]
+        pads = [p for p in PADDINGS if tracking.phase_metric("final", p, "acc_mean") in metrics]
         if not pads:
             continue
         summary = tracking.read_artifact_json(c, rid, "summary.json") or {}
@@ -104,7 +141,7 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
             s = summary.get(pad, {})
             wci, gci = s.get("worst_ci") or [None, None], s.get("gap_ci") or [None, None]
             rows.append({**base, "padding": pad,
-                         **{k: metrics.get(f"final/{pad}/{k}", math.nan) for k in
+                         **{k: metrics.get(tracking.phase_metric("final", pad, k), math.nan) for k in
                             ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio")},
                          "worst_ci_low": _num(wci[0]), "worst_ci_high": _num(wci[1]),
                          "gap_ci_low": _num(gci[0]), "gap_ci_high": _num(gci[1])})
@@ -196,35 +233,23 @@ def seeds_markdown(srows: Sequence[Mapping]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curves_figure(rows: Sequence[Mapping], curves: Mapping):
-    import matplotlib.pyplot as plt
-
-    pads = [p for p in PADDINGS if any(r["padding"] == p for r in rows)]
-    fig, axes = plt.subplots(len(pads), 1, figsize=(8, 3.0 * len(pads)), squeeze=False)
-    strides = {r["stride"] for r in rows if str(r["stride"]).isdigit()}
-    for ax, pad in zip(axes[:, 0], pads):
-        for r in (r for r in rows if r["padding"] == pad):
-            curve = curves.get((r["run_id"], pad)) or []
-            ax.plot(range(len(curve)), curve, marker="o", ms=2.5, lw=1,
-                    label=f"{r['run_name']} ({r['run_id'][:6]}): mean {r['acc_mean']:.2f}, worst {r['acc_worst']:.2f}")
-        if len(strides) == 1:
-            s = int(next(iter(strides)))
-            n = max((len(curves.get((r["run_id"], pad)) or []) for r in rows), default=0)
-            for x in range(0, n, s):
-                ax.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
-        ax.set_title(f"{pad} padding", fontsize=9)
-        ax.set_xlabel("residue of the target key position")
-        ax.set_ylabel("accuracy")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=6, loc="lower left")
-    fig.tight_layout()
-    return fig
+def pareto_front(points: Sequence[Sequence[float]]) -> list[bool]:
+    """Which points are on the Pareto front when every coordinate is maximised (ties: both stay; nan: never). For
+    runs read back from MLflow; a study's own front is Optuna's `study.best_trials` (phasefix.study.report)."""
+    pts = [tuple(float(x) for x in p) for p in points]
+    front = []
+    for i, p in enumerate(pts):
+        if any(math.isnan(x) for x in p):
+            front.append(False)
+            continue
+        dominated = any(all(q[k] >= p[k] for k in range(len(p))) and any(q[k] > p[k] for k in range(len(p)))
+                        for j, q in enumerate(pts) if j != i and not any(math.isnan(x) for x in q))
+        front.append(not dominated)
+    return front
 
 
 def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
     """Study members (runs with a parent) per parent and padding, marked on or off the (mean, worst) front."""
-    from phasefix.tracking import pareto_front
-
     out = []
     groups: dict[tuple[str, str], list[Mapping]] = {}
     for r in rows:
@@ -238,36 +263,9 @@ def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
     return out
 
 
-def pareto_figure(prows: Sequence[Mapping]):
-    import matplotlib.pyplot as plt
-
-    pads = [p for p in PADDINGS if any(r["padding"] == p for r in prows)]
-    fig, axes = plt.subplots(1, len(pads), figsize=(4.2 * len(pads), 3.8), squeeze=False)
-    for ax, pad in zip(axes[0], pads):
-        for i, parent in enumerate(dict.fromkeys(r["parent"] for r in prows)):
-            pts = [r for r in prows if r["padding"] == pad and r["parent"] == parent]
-            color = f"C{i % 10}"
-            ax.scatter([r["acc_mean"] for r in pts], [r["acc_worst"] for r in pts], s=14, color=color, alpha=0.45,
-                       label=f"study {parent[:8]}")
-            front = sorted((r for r in pts if r["on_front"]), key=lambda r: r["acc_mean"])
-            ax.plot([r["acc_mean"] for r in front], [r["acc_worst"] for r in front], color=color, marker="o", ms=5,
-                    lw=1.2)
-            for r in front:
-                ax.annotate(r["run_name"][:18], (r["acc_mean"], r["acc_worst"]), fontsize=5, xytext=(3, 3),
-                            textcoords="offset points")
-        ax.set_xlabel("mean accuracy")
-        ax.set_ylabel("worst-residue accuracy")
-        ax.set_title(f"Pareto front, {pad} padding", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    return fig
-
-
 def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> list[str]:
     """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), the headline rows
     (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots)."""
-    import matplotlib.pyplot as plt
-
     from phasefix import comparison, plots, tracking
 
     facts = {r.info.run_id: comparison.run_facts(r) for r in runs if r.data.tags.get("regime")}
@@ -280,28 +278,24 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
     files = ["decisive.csv", "decisive.md", "headline.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
-            fig = plots.phase_grid(rows, curves, facts, pad)
-            fig.savefig(out / f"phase_grid_{pad}.png", dpi=110)
-            plt.close(fig)
+            plots.save(plots.phase_grid(rows, curves, facts, pad), out / f"phase_grid_{pad}.png")
             files.append(f"phase_grid_{pad}.png")
-    fig = plots.worst_vs_mean(rows, facts)
-    fig.savefig(out / "worst_vs_mean.png", dpi=110)
-    plt.close(fig)
-    fig = plots.loss_curves({rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts}, facts)
-    fig.savefig(out / "train_loss.png", dpi=110)
-    plt.close(fig)
+    plots.save(plots.worst_vs_mean(rows, facts), out / "worst_vs_mean.png")
+    losses = {rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts}
+    plots.save(plots.loss_curves(losses, facts), out / "train_loss.png")
     return files + ["worst_vs_mean.png", "train_loss.png"]
 
 
-def report(args: Sequence[str] | Mapping = ()) -> dict:
-    """Select runs, write the comparison to `out` and (log=true) log it to a new report run. Returns
-    {out, runs (ids), rows, flips, pareto, files, report_run_id}."""
-    import matplotlib.pyplot as plt
-
-    from phasefix import tracking
+def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
+    """Select runs, write the comparison to `out` and (log=true) log it to a new report run. `cfg`: the composed
+    config or `key=value` arguments as on the command line. Returns {out, runs (ids), rows, flips, pareto, files,
+    report_run_id, left_out}."""
+    from phasefix import plots, tracking
     from phasefix.paths import OUTPUTS_DIR
 
-    opts = parse_args(args)
+    cfg = options(cfg)
+    opts = {"experiment": cfg.experiment_name, "runs": list(cfg.runs), "tags": dict(cfg.tag), "kind": list(cfg.kind),
+            "tracking_uri": cfg.tracking_uri, "out": cfg.out, "log": cfg.log}
     c = tracking.client(opts["tracking_uri"])
     runs = tracking.select_runs(c, experiment=opts["experiment"], run_ids=opts["runs"], tags=opts["tags"],
                                 kinds=opts["kind"])
@@ -316,9 +310,7 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
     files = []
     if rows:
         write_csv(out / "comparison.csv", rows, COLUMNS)
-        fig = curves_figure(rows, curves)
-        fig.savefig(out / "phase_curves.png", dpi=110)
-        plt.close(fig)
+        plots.save(plots.runs_phase_curves(rows, curves), out / "phase_curves.png")
         files += ["comparison.csv", "phase_curves.png"]
         srows = seed_rows(rows)
         write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "goal_met",
@@ -336,51 +328,41 @@ def report(args: Sequence[str] | Mapping = ()) -> dict:
     if prows:
         write_csv(out / "pareto.csv", prows, ("parent", "padding", "run_id", "run_name", "mitigations", "acc_mean",
                                               "acc_worst", "on_front"))
-        fig = pareto_figure(prows)
-        fig.savefig(out / "pareto.png", dpi=110)
-        plt.close(fig)
+        plots.save(plots.runs_pareto(prows), out / "pareto.png")
         files += ["pareto.csv", "pareto.png"]
 
     report_run_id = None
     if opts["log"]:
         exp_name = opts["experiment"] or (c.get_experiment(runs[0].info.experiment_id).name if runs else "phasefix")
-        exp_id = tracking.get_or_create_experiment(c, exp_name)
         ids = [r.info.run_id for r in runs]
-        run = c.create_run(exp_id, run_name=f"report-{len(ids)}-runs", tags={
-            "phasefix.kind": "report", "phasefix.report_runs": ",".join(ids)[:5000], "git_commit": tracking.git_commit(),
-            "output_dir": str(out.resolve())})
-        report_run_id = run.info.run_id
-        tracking.log_params(c, report_run_id, {"selection": where.strip(), "kind": ",".join(opts["kind"]),
-                                               "num_runs": len(ids)})
-        for name in files:
-            c.log_artifact(report_run_id, str(out / name))
-        c.set_terminated(report_run_id, status="FINISHED")
+        report_run_id = tracking.create_run(c, exp_name, f"report-{len(ids)}-runs", tags={
+            "phasefix.kind": "report", "phasefix.report_runs": ",".join(ids)[:5000], "output_dir": str(out.resolve())})
+        with tracking.running(c, report_run_id):
+            tracking.log_params(c, report_run_id, {"selection": where.strip(), "kind": ",".join(opts["kind"]),
+                                                   "num_runs": len(ids)})
+            tracking.log_files(c, report_run_id, [out / name for name in files])
     return {"out": str(out), "runs": [r.info.run_id for r in runs], "rows": rows, "flips": flips, "pareto": prows,
             "files": files, "report_run_id": report_run_id, "left_out": left_out(runs, rows, flips)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from phasefix.console import quiet, verbose_flag
+    """`python -m phasefix.report`: 0 written, 2 a bad option or an empty selection (one line)."""
+    from phasefix.cli import run
+    from phasefix.console import quiet
 
-    argv, verbose = verbose_flag(argv)  # -v: the libraries' own output too
-    quiet(verbose)
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
+    def work(cfg: DictConfig) -> int:
+        quiet(cfg.verbose)  # -v: the libraries' own output too
+        res = report(cfg)
+        print((Path(res["out"]) / "comparison.md").read_text(), end="")
+        left = res["left_out"]
+        print(f"\n{len(res['runs']) - len(left)} of {len(res['runs'])} runs reported; written to {res['out']}: "
+              f"{', '.join(res['files'])}"
+              + (f"; logged to MLflow run {res['report_run_id']}" if res["report_run_id"] else ""))
+        for rid, why in left:
+            print(f"left out {rid[:8]} {why}")
         return 0
-    try:
-        res = report(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print((Path(res["out"]) / "comparison.md").read_text(), end="")
-    left = res["left_out"]
-    print(f"\n{len(res['runs']) - len(left)} of {len(res['runs'])} runs reported; written to {res['out']}: "
-          f"{', '.join(res['files'])}"
-          + (f"; logged to MLflow run {res['report_run_id']}" if res["report_run_id"] else ""))
-    for rid, why in left:
-        print(f"left out {rid[:8]} {why}")
-    return 0
+
+    return run("report", argv, work, shim)
 
 
 if __name__ == "__main__":

@@ -25,21 +25,23 @@ most m phases are covered, fewer when heads collide on a slot. The optional head
 mitigation's (`phasefix.mitigations.HeadCoord`): the mean pairwise overlap of the heads' static key-gate
 distributions, added to the loss with weight `--coord-weight`.
 
-Prints a summary and writes `theory.png` and `summary.json` under `--out` (default outputs/theory/).
+Prints a summary and writes `theory.png` and `summary.json` under `out` (default outputs/theory/). A Hydra app
+(conf/theory.yaml over `TheoryConfig`): `python -m phasefix.theory heads=3 stride=6 coord_weight=1`; the earlier
+`--heads 3 --coord-weight 1` forms still work (`shim`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from hydra.core.config_store import ConfigStore
 
 from phasefix.paths import OUTPUTS_DIR
 
@@ -200,55 +202,6 @@ def summary_line(r: dict) -> str:
             f"{r['collisions']}, acc {r['acc_mean']:.2f}, slots [{heads}]")
 
 
-def figure(runs: dict[str, list[dict]], cfg: SimConfig):
-    """Row per condition: key and value gate heatmaps of one seed (the first whose heads collide without
-    coordination, else the first), accuracy by phase (all seeds), training loss (all seeds)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    conds = list(runs)
-    fig = Figure(figsize=(15, 3.2 * len(conds)), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(conds), 4, squeeze=False)
-    S = cfg.stride
-    show = next((i for i, r in enumerate(runs[conds[0]]) if r["collisions"] > 0), 0)
-    for row, cond in enumerate(conds):
-        first = runs[cond][show]
-        for col, (name, P) in enumerate((("key", first["key_static"]), ("value", first["value_static"]))):
-            ax = axes[row, col]
-            ax.imshow(P, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-            eff = first[f"{name}_static_eff"]
-            ax.set_yticks(range(P.shape[0]), [f"h{h} ({e:.1f})" for h, e in enumerate(eff)])
-            ax.set_xticks(range(S))
-            ax.set_xlabel("slot (= phase)")
-            ax.set_title(f"{cond}: {name} gate E[a], seed {cfg.seed + show} (eff. slots)", fontsize=8)
-            for h in range(P.shape[0]):
-                for i in range(S):
-                    ax.text(i, h, f"{P[h, i]:.2f}", ha="center", va="center", fontsize=6,
-                            color="black" if P[h, i] > 0.6 else "white")
-        ax = axes[row, 2]
-        accs = np.stack([r["acc_phase"] for r in runs[cond]])
-        for a in accs:
-            ax.plot(range(S), a, color="C0", alpha=0.25, lw=0.8)
-        ax.plot(range(S), accs.mean(0), color="C0", marker="o", lw=2, label="mean over seeds")
-        ax.axvline(S - 1.5, color="grey", ls=":", lw=0.8)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xticks(range(S))
-        ax.set_xlabel("query phase (S-1: boundary)")
-        ax.set_ylabel("accuracy")
-        cov = np.mean([r["coverage"] for r in runs[cond]])
-        ax.set_title(f"{cond}: accuracy by phase, mean coverage {cov:.2f}", fontsize=8)
-        ax = axes[row, 3]
-        for r in runs[cond]:
-            ax.plot(np.convolve(r["losses"], np.ones(10) / 10, mode="valid"), lw=0.8)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (10-step mean)")
-        ax.set_title(f"{cond}: training loss, {len(runs[cond])} seeds", fontsize=8)
-    fig.suptitle(f"idealised induction model: m={cfg.heads} heads, S={cfg.stride}, L={cfg.chunks}, N={cfg.vocab}; "
-                 "only the gates trained", fontsize=10)
-    return fig
-
-
 def simulate(cfg: SimConfig, seeds: int = 4, out: Path | None = None, verbose: bool = True) -> dict:
     """Train `seeds` seeds without and (if cfg.coord_weight > 0) with the head-coordination term."""
     from dataclasses import replace
@@ -280,8 +233,9 @@ def simulate(cfg: SimConfig, seeds: int = 4, out: Path | None = None, verbose: b
         }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        fig = figure(runs, cfg)
-        fig.savefig(out / "theory.png", dpi=110)
+        from phasefix import plots
+
+        plots.save(plots.theory_gates(runs, cfg), out / "theory.png")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         summary["files"] = [str(out / "theory.png"), str(out / "summary.json")]
     summary["runs"] = runs
@@ -306,45 +260,53 @@ def print_summary(summary: dict) -> None:
         print(f"wrote {f}")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m phasefix.theory", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = SimConfig()
-    p.add_argument("--heads", type=int, default=d.heads, help="m, heads (< stride)")
-    p.add_argument("--stride", type=int, default=d.stride, help="S, slots per chunk")
-    p.add_argument("--chunks", type=int, default=d.chunks, help="L, chunks per sequence")
-    p.add_argument("--vocab", type=int, default=d.vocab, help="N, tokens")
-    p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--beta", type=float, default=d.beta, help="attention temperature")
-    p.add_argument("--gamma", type=float, default=d.gamma, help="readout temperature")
-    p.add_argument("--init-shared", type=float, default=d.init_shared,
-                   help="share of the initial gate-bias variance common to all heads (1: heads start alike)")
-    p.add_argument("--coord-weight", type=float, default=1.0,
-                   help="weight of the head-coordination term in the second condition (0: only the first)")
-    p.add_argument("--seed", type=int, default=d.seed, help="first seed")
-    p.add_argument("--seeds", type=int, default=6, help="seeds per condition")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=OUTPUTS_DIR / "theory")
-    a = p.parse_args(argv)
-    from phasefix.errors import ConfigError
+@dataclass
+class TheoryConfig(SimConfig):
+    """The command line's config: the simulation's keys, and how many seeds of which conditions to run."""
 
-    torch.set_num_threads(a.threads)
-    cfg = SimConfig(heads=a.heads, stride=a.stride, chunks=a.chunks, vocab=a.vocab, dim=a.dim, steps=a.steps,
-                    batch=a.batch, lr=a.lr, beta=a.beta, gamma=a.gamma, init_shared=a.init_shared,
-                    coord_weight=a.coord_weight, seed=a.seed)
-    t = time.time()
-    try:
-        cfg.validate()
-        summary = simulate(cfg, seeds=a.seeds, out=a.out)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print_summary(summary)
-    print(f"({time.time() - t:.0f}s)")
-    return 0
+    coord_weight: float = 1.0  # the second condition's head-coordination weight (0: only the first condition)
+    seeds: int = 6  # seeds per condition, from `seed` on
+    threads: int = 1
+    out: str | None = None  # default outputs/theory
+    verbose: bool = False
+
+
+ConfigStore.instance().store(name="theory_schema", node=TheoryConfig)
+
+
+def shim(argv: list[str]) -> list[str]:
+    """The earlier argparse forms as overrides: `--heads 3`, `--coord-weight=1` -> `heads=3`, `coord_weight=1`."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and a != "--cfg":
+            key, eq, value = a[2:].partition("=")
+            if not eq:
+                from phasefix.errors import check
+
+                check(i + 1 < len(argv), a, None, "needs a value")
+                value, i = argv[i + 1], i + 1
+            a = f"{key.replace('-', '_')}={value}"
+        out.append(a)
+        i += 1
+    return out
+
+
+def main(argv=None) -> int:
+    """`python -m phasefix.theory [key=value ...]`: 0 done, 2 a bad value (one line)."""
+    from phasefix.cli import run
+
+    def work(cfg) -> int:
+        torch.set_num_threads(cfg.threads)
+        sim = SimConfig(**{f.name: cfg[f.name] for f in fields(SimConfig)})
+        t = time.time()
+        sim.validate()
+        summary = simulate(sim, seeds=cfg.seeds, out=Path(cfg.out) if cfg.out else OUTPUTS_DIR / "theory")
+        print_summary(summary)
+        print(f"({time.time() - t:.0f}s)")
+        return 0
+
+    return run("theory", argv, work, shim)
 
 
 if __name__ == "__main__":

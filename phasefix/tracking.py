@@ -10,17 +10,16 @@ import json
 import math
 import os
 import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from collections.abc import Mapping
 
-import matplotlib
+from contextlib import contextmanager
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import mlflow  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+import mlflow
+from mlflow.tracking import MlflowClient
 
-from phasefix.paths import PROJECT_ROOT, default_tracking_uri  # noqa: E402
+from phasefix.paths import PROJECT_ROOT, default_tracking_uri
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -65,6 +64,45 @@ def get_or_create_experiment(c: MlflowClient, name: str) -> str:
     if exp.tags.get(EXPERIMENT_KIND[0]) is None:  # experiments created before phasefix set the kind
         c.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
     return exp.experiment_id
+
+
+def create_run(c: MlflowClient, experiment: str, run_name: str, tags: Mapping[str, str]) -> str:
+    """A new RUNNING run in `experiment` (created when missing), tagged with `tags` and the git commit; its id."""
+    exp_id = get_or_create_experiment(c, experiment)
+    return c.create_run(exp_id, run_name=run_name, tags={"git_commit": git_commit(), **tags}).info.run_id
+
+
+@contextmanager
+def running(c: MlflowClient, run_id: str, resumed: bool = False) -> Iterator[str]:
+    """The run's lifecycle: RUNNING inside the block (`resumed`: set again), then ended FINISHED when the block
+    completes, KILLED on Ctrl-C or SIGTERM (KeyboardInterrupt, SystemExit), FAILED on any other error."""
+    if resumed:
+        resume_run(c, run_id)
+    status = "FAILED"
+    try:
+        yield run_id
+        status = "FINISHED"
+    except (KeyboardInterrupt, SystemExit):
+        status = "KILLED"
+        raise
+    finally:
+        c.set_terminated(run_id, status=status)
+
+
+def resume_run(c: MlflowClient, run_id: str) -> None:
+    """A run that is continued outside a `running` block (a study's parent run) is RUNNING again."""
+    c.update_run(run_id, status="RUNNING")
+
+
+def end_run(c: MlflowClient, run_id: str, status: str, tags: Mapping[str, str] | None = None) -> None:
+    """End a run that outlived the block that ran it (a study's parent and trials): `tags` first, then `status`."""
+    set_tags(c, run_id, tags or {})
+    c.set_terminated(run_id, status=status)
+
+
+def set_tags(c: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
 
 
 def git_commit() -> str:
@@ -123,59 +161,52 @@ def sparkline(values) -> str:
     return "".join(out)
 
 
-def phase_figure(curves: Mapping[str, Mapping], stride: int | None, title: str = ""):
-    """Phase curves with Wilson intervals and the stride grid. curves: label -> PhaseAccuracy.compute() as lists."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    for label, res in curves.items():
-        acc = list(res["per_residue"])
-        r = list(range(len(acc)))
-        line, = ax.plot(r, acc, marker="o", ms=3, label=f"{label} (mean {res['acc_mean']:.2f}, gap {res['acc_gap']:.2f})")
-        if "wilson_low" in res:
-            ax.fill_between(r, list(res["wilson_low"]), list(res["wilson_high"]), color=line.get_color(), alpha=0.15)
-    if stride:
-        for x in range(0, len(acc), stride):
-            ax.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
-    ax.set_xlabel("residue of the target key position")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    return fig
-
-
 def log_figure(c: MlflowClient, run_id: str, fig, path: str) -> None:
-    import tempfile
+    """A matplotlib figure as the PNG artifact `path` (110 dpi, as the files the CLIs write), then closed."""
+    import matplotlib.pyplot as plt
 
-    with tempfile.TemporaryDirectory() as d:
-        local = os.path.join(d, os.path.basename(path))
-        fig.savefig(local, format="png", dpi=110)
-        plt.close(fig)
-        c.log_artifact(run_id, local, os.path.dirname(path) or None)
+    c.log_figure(run_id, fig, path, save_kwargs={"dpi": 110})
+    plt.close(fig)
 
 
-def log_text(c: MlflowClient, run_id: str, text: str, path: str) -> None:
-    c.log_text(run_id, text, path)
+def log_dict(c: MlflowClient, run_id: str, d: Mapping, path: str) -> None:
+    """A dict as the JSON artifact `path` (indented as `write_json` writes the local copy)."""
+    c.log_dict(run_id, dict(d), path)
+
+
+def log_config(c: MlflowClient, run_id: str, yaml_text: str, path: str = "config.yaml") -> None:
+    """A config as YAML text exactly as written (key order kept; MLflow's log_dict would sort the keys)."""
+    c.log_text(run_id, yaml_text, path)
+
+
+def log_files(c: MlflowClient, run_id: str, paths: "Sequence[str | Path]", artifact_dir: str | None = None) -> None:
+    for path in paths:
+        c.log_artifact(run_id, str(path), artifact_dir)
+
+
+def log_phase_table(c: MlflowClient, run_id: str, results: Mapping[str, Mapping]) -> None:
+    """`phase_table.csv`: the per-residue values with counts and Wilson intervals (`residue_table`)."""
+    c.log_text(run_id, residue_table(results), "phase_table.csv")
 
 
 def log_phase_result(c: MlflowClient, run_id: str, padding: str, res: Mapping, step: int = 0) -> None:
     """The final phase curve of one padding mode: `phase_acc/<padding>` with step = residue (so the MLflow UI
     overlays curves across runs) and the summary scalars `final/<padding>/<key>`; the per-residue values with their
     counts and intervals go to the `phase_table.csv` artifact (`residue_table`), not to 24 scalars."""
-    from mlflow.entities import Metric
-    import time
-
-    ts = int(time.time() * 1000)
-    metrics = [Metric(f"phase_acc/{padding}", float(a), ts, r)
-               for r, a in enumerate(res["per_residue"]) if not math.isnan(float(a))]
-    for key in ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio"):
-        if key in res and res[key] is not None and not math.isnan(float(res[key])):
-            metrics.append(Metric(f"final/{padding}/{key}", float(res[key]), ts, step))
-    for i in range(0, len(metrics), 500):
-        c.log_batch(run_id, metrics=metrics[i:i + 500])
+    scalars = {phase_metric("final", padding, key): res[key] for key in FINAL_KEYS if res.get(key) is not None}
+    log_metric_values(c, run_id, scalars, {f"phase_acc/{padding}": res["per_residue"]}, step=step)
 
 
+# ------------------------------------------------------------------------------------------------ metric names
+# A phase metric is `<split>/<padding>/<key>`: `val` while training (the Lightning module, every val_every_n_steps),
+# `final` for the evaluation after training (fit, evaluate); `phase_acc/<padding>` is the final curve by residue.
+FINAL_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio")
 FINAL_PREFIXES = ("phase_acc/", "final/")
+
+
+def phase_metric(split: str, padding: str, key: str) -> str:
+    """The logged name of a phase metric, e.g. `phase_metric("val", "prefix", "acc_mean")` = `val/prefix/acc_mean`."""
+    return f"{split}/{padding}/{key}"
 
 
 def rewind(c: MlflowClient, run_id: str, step: int | None = None, final: bool = False) -> bool:
@@ -237,17 +268,25 @@ def read_json(path):
 
 
 def log_metric_values(c: MlflowClient, run_id: str, scalars: Mapping[str, float],
-                      curves: Mapping[str, "Sequence[float]"] = {}, step: int = 0) -> None:
-    """Scalars at `step` and curves with step = index (e.g. residue), skipping nan; batched (phasefix.analyze)."""
+                      curves: Mapping[str, "Sequence[float] | Mapping[int, float]"] = {}, step: int = 0) -> None:
+    """Every metric phasefix logs itself (Lightning logs training): scalars at `step`, curves with step = index
+    (e.g. residue) or, given as a mapping, step -> value (e.g. filler length); None and nan skipped; in batches of
+    500 (MLflow's limit per call)."""
     from mlflow.entities import Metric
-    import time
+
+    def points(values):
+        return values.items() if isinstance(values, Mapping) else enumerate(values)
 
     ts = int(time.time() * 1000)
-    metrics = [Metric(k, float(v), ts, step) for k, v in scalars.items() if not math.isnan(float(v))]
-    metrics += [Metric(k, float(v), ts, i) for k, values in curves.items() for i, v in enumerate(values)
-                if not math.isnan(float(v))]
+    metrics = [Metric(k, float(v), ts, step) for k, v in scalars.items() if _finite(v)]
+    metrics += [Metric(k, float(v), ts, int(i)) for k, values in curves.items() for i, v in points(values)
+                if _finite(v)]
     for i in range(0, len(metrics), 500):
         c.log_batch(run_id, metrics=metrics[i:i + 500])
+
+
+def _finite(v) -> bool:
+    return v is not None and not math.isnan(float(v))
 
 
 # ------------------------------------------------------------------------------------------------ reading runs back
@@ -303,17 +342,3 @@ def read_artifact_json(c: MlflowClient, run_id: str, path: str):
         except Exception:
             return None
         return read_json(local)
-
-
-def pareto_front(points: "Sequence[Sequence[float]]") -> list[bool]:
-    """Which points are on the Pareto front when every coordinate is maximised (ties: both stay; nan: never)."""
-    pts = [tuple(float(x) for x in p) for p in points]
-    front = []
-    for i, p in enumerate(pts):
-        if any(math.isnan(x) for x in p):
-            front.append(False)
-            continue
-        dominated = any(all(q[k] >= p[k] for k in range(len(p))) and any(q[k] > p[k] for k in range(len(p)))
-                        for j, q in enumerate(pts) if j != i and not any(math.isnan(x) for x in q))
-        front.append(not dominated)
-    return front

@@ -2,6 +2,7 @@
 an evaluate run): the table, the overlaid curves, the Pareto front, selection by tags and ids, the report run."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 
@@ -12,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from phasefix import tracking
 from phasefix.metrics import PhaseAccuracy
-from phasefix.report import main, report
+from phasefix.report import main, pareto_front, report
 
 PERIOD = 24
 
@@ -129,7 +130,7 @@ def test_report_bad_selection_exits_2(store, args, key, capsys, tmp_path):
 
 
 def test_pareto_front():
-    assert tracking.pareto_front([(0.9, 0.4), (0.8, 0.8), (0.7, 0.7), (0.9, 0.4), (math.nan, 1.0)]) == [
+    assert pareto_front([(0.9, 0.4), (0.8, 0.8), (0.7, 0.7), (0.9, 0.4), (math.nan, 1.0)]) == [
         True, True, False, True, False]
 
 
@@ -201,3 +202,26 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path):
     assert float(arm["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
     assert float(arm["cache_entries_per_token"]) == float(base["cache_entries_per_token"])
     assert "window_s+1" in (out / "headline.md").read_text()
+
+
+def test_tracking_run_lifecycle_and_metrics_in_batches(tmp_path):
+    """`running` ends a run FINISHED, KILLED on Ctrl-C, FAILED on an error; `log_metric_values` logs more points than
+    one MLflow batch holds, curves by index or by step, and skips None and nan."""
+    c = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    ids = []
+    for error in (None, KeyboardInterrupt, ValueError):
+        rid = tracking.create_run(c, "lifecycle", "r", {"phasefix.kind": "fit"})
+        ids.append(rid)
+        with pytest.raises(error) if error else contextlib.nullcontext():
+            with tracking.running(c, rid):
+                if error:
+                    raise error
+    assert [c.get_run(r).info.status for r in ids] == ["FINISHED", "KILLED", "FAILED"]
+    curve = [float(i % 7) for i in range(1203)]
+    tracking.log_metric_values(c, ids[0], {"a": 0.5, "b": None, "c": math.nan}, {
+        "by_index": curve, "by_step": {10: 1.0, 20: math.nan, 30: 3.0}}, step=4)
+    run = c.get_run(ids[0])
+    assert run.data.metrics == {"a": 0.5, "by_index": curve[-1], "by_step": 3.0}
+    assert [m.step for m in c.get_metric_history(ids[0], "a")] == [4]
+    assert sorted((m.step, m.value) for m in c.get_metric_history(ids[0], "by_index")) == list(enumerate(curve))
+    assert sorted((m.step, m.value) for m in c.get_metric_history(ids[0], "by_step")) == [(10, 1.0), (30, 3.0)]

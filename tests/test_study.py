@@ -141,7 +141,7 @@ def test_bad_budget_or_workers_fail_with_one_line(tmp_path, capsys, option):
 
     assert main([str(write_study(tmp_path, "sqlite://")), *option]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and option[0] in err, err
+    assert "\n" not in err and f"{option[0][2:].replace('-', '_')}=" in err, err
 
 
 def test_misspelt_override_key_fails_before_any_trial(tmp_path):
@@ -179,7 +179,29 @@ def test_search_space_is_conditional_on_the_mitigation_set():
     # named override bundles (e.g. compression settings) and plain categoricals
     raw = yaml.safe_load(SMOKE.read_text())
     assert load_spec(SMOKE).storage_url().endswith("studies/smoke.db")
-    assert raw["objectives"][0]["metric"] == "prefix.acc_mean"
+    assert raw["objectives"][0]["metric"] == "final/prefix/acc_mean"
+
+
+def test_metrics_are_named_as_logged_and_the_earlier_spelling_means_the_same(tmp_path):
+    """Objectives and constraints name the final evaluation as MLflow logs it (`final/prefix/acc_mean`), pruning rules
+    the validation during training (`val/prefix/acc_mean`); study files written before say `prefix.acc_mean` and
+    `lm_loss` (studies being run keep their file): both spellings give the same study."""
+    from phasefix.study import load_spec, metric_value
+
+    logged = load_spec(write_study(tmp_path, "sqlite://", objectives=["final/prefix/acc_mean", "final/prefix/acc_worst"],
+                                   constraints=[{"metric": "final/lm_loss", "max": 2.0}],
+                                   pruning=[{"step": 6, "metric": "val/prefix/acc_gap", "max": 0.9}]))
+    earlier = load_spec(write_study(tmp_path, "sqlite://", objectives=["prefix.acc_mean", "prefix.acc_worst"],
+                                    constraints=[{"metric": "lm_loss", "max": 2.0}],
+                                    pruning=[{"step": 6, "metric": "prefix.acc_gap", "max": 0.9}]))
+    for spec in (logged, earlier):
+        assert spec.metric_names == ["final/prefix/acc_mean", "final/prefix/acc_worst"]
+        assert [c.metric for c in spec.constraints] == ["final/lm_loss"]
+        assert [r.metric for r in spec.pruning] == ["val/prefix/acc_gap"]
+    summary = {"prefix": {"acc_mean": 0.75}, "lm_loss": 1.5, "compressor_flops_per_token": 10}  # fit's summary.json
+    assert metric_value(summary, "final/prefix/acc_mean") == metric_value(summary, "prefix.acc_mean") == 0.75
+    assert metric_value(summary, "final/lm_loss") == metric_value(summary, "lm_loss") == 1.5
+    assert metric_value(summary, "compressor_flops_per_token") == 10
 
 
 def test_shipped_studies_compose():
@@ -202,9 +224,9 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
     reports = tmp_path / "reports" / "smoke"
     assert (reports / "pareto.png").stat().st_size > 1000
     header = (reports / "pareto.csv").read_text().splitlines()[0].split(",")
-    assert header[0] == "trial" and {"prefix.acc_mean", "prefix.acc_worst", "mlflow_run_id"} <= set(header)
+    assert header[0] == "trial" and {"final/prefix/acc_mean", "final/prefix/acc_worst", "mlflow_run_id"} <= set(header)
     out = capsys.readouterr().out
-    assert "Pareto front" in out and "prefix.acc_worst" in out
+    assert "Pareto front" in out and "final/prefix/acc_worst" in out
 
     c = MlflowClient(tracking_uri=mlflow_db)
     parent_id = study.user_attrs["mlflow_parent_run_id"]
@@ -219,8 +241,8 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
         assert child.data.tags["study"] == "smoke" and child.data.tags["trial"] == str(t.number)
         assert child.info.status == "FINISHED" and child.info.experiment_id == parent.info.experiment_id
         assert t.user_attrs["val_history"][0]["step"] == 6  # the pruner saw the validation
-        assert t.values == pytest.approx([t.user_attrs["metrics"]["prefix.acc_mean"],
-                                          t.user_attrs["metrics"]["prefix.acc_worst"]])
+        assert t.values == pytest.approx([t.user_attrs["metrics"]["final/prefix/acc_mean"],
+                                          t.user_attrs["metrics"]["final/prefix/acc_worst"]])
 
     # resume: the same file with a budget of 3 and a rule that prunes every trial at its first validation
     write_study(tmp_path, mlflow_db, pruning=[{"step": 6, "metric": "prefix.acc_mean", "min": 2.0}])
@@ -228,7 +250,7 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
     spec, study = load(path)
     assert states(study) == {"COMPLETE": 2, "PRUNED": 1}
     pruned = study.trials[2]
-    assert "prefix.acc_mean" in pruned.user_attrs["pruned"]
+    assert "val/prefix/acc_mean" in pruned.user_attrs["pruned"]
     run = c.get_run(pruned.user_attrs["mlflow_run_id"])
     assert run.info.status == "KILLED" and run.data.tags["optuna.state"] == "PRUNED"
     assert c.get_run(parent_id).info.status == "FINISHED"  # one parent run across resumes

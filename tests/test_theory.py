@@ -62,3 +62,8 @@ def test_cli_writes_figure_and_summary(tmp_path, capsys):
     assert set(summary["conditions"]) == {"no coordination", "head_coord 1"}
     assert "coverage" in capsys.readouterr().out
     assert main(["--heads", "3", "--stride", "3", "--out", str(out)]) == 2
+    # a Hydra app: the same run as key=value overrides
+    assert main(["heads=2", "stride=3", "chunks=2", "vocab=8", "dim=8", "steps=3", "seeds=1", "coord_weight=0",
+                 f"out={out / 'kv'}"]) == 0
+    assert set(json.loads((out / "kv" / "summary.json").read_text())["conditions"]) == {"no coordination"}
+    assert main(["hedas=2"]) == 2 and "did you mean heads?" in capsys.readouterr().err

@@ -87,42 +87,10 @@ def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", de
 
 
 def gate_heatmap(static: list[dict], title: str | None = None):
-    """One heatmap per layer and branch: KV heads x slots, the static gate weight in each cell, each head's
-    effective number of slots in its row label. Returns a matplotlib Figure (Agg canvas, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """`phasefix.plots.gate_heatmap` (plots owns every figure), here for the callers that import it from here."""
+    from phasefix import plots
 
-    panels = [(layer, branch, p.detach().float().cpu()) for layer, branches in enumerate(static)
-              for branch, p in branches.items()]
-    branch_names = sorted({b for _, b, _ in panels}, key=lambda b: (b != "key", b))
-    layers = sorted({layer for layer, _, _ in panels})
-    nrows, ncols = max(1, len(layers)), max(1, len(branch_names))
-    W = max((p.shape[1] for _, _, p in panels), default=1)
-    H = max((p.shape[0] for _, _, p in panels), default=1)
-    fig = Figure(figsize=(1.2 + 0.55 * W * ncols + 1.0 * ncols, 0.8 + (0.35 * H + 0.6) * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    image = None
-    for ax in axes.flat:
-        ax.set_axis_off()
-    for layer, branch, p in panels:
-        ax = axes[layers.index(layer), branch_names.index(branch)]
-        ax.set_axis_on()
-        image = ax.imshow(p.numpy(), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-        eff = effective_slots(p)
-        ax.set_yticks(range(p.shape[0]), [f"h{h} ({float(eff[h]):.1f})" for h in range(p.shape[0])])
-        ax.set_xticks(range(p.shape[1]))
-        ax.set_title(f"layer {layer} {branch}", fontsize=9)
-        ax.set_xlabel("slot")
-        for h in range(p.shape[0]):
-            for i in range(p.shape[1]):
-                v = float(p[h, i])
-                ax.text(i, h, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if v > 0.6 else "white")
-    if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.8, label="E[a] (effective slots in row labels)")
-    fig.suptitle(title or "static gate distribution per KV head")
-    return fig
+    return plots.gate_heatmap(static, title)
 
 
 __all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "gate_heatmap", "slot_phases", "static_gate_distribution"]

@@ -1,6 +1,6 @@
 """Multi-objective Optuna studies over `phasefix.fit` (default: maximise prefix-padding `acc_mean` and `acc_worst`).
 
-`python -m phasefix.study studies/<name>.yaml [--n-trials N] [--storage URL] [--workers K] [--report]`; details and
+`python -m phasefix.study spec=studies/<name>.yaml [n_trials=N] [storage=URL] [workers=K] [report=true]`; details and
 commands in docs/studies.md. The modules, in the order a study uses them:
 
 - `spec`: the study file as typed dataclasses (parsing; validation against the fit config, before any trial);

@@ -1,4 +1,4 @@
-"""`python -m phasefix.study studies/<name>.yaml [--n-trials N] [--storage URL] [--workers K] [--report]`
+"""`python -m phasefix.study spec=studies/<name>.yaml [n_trials=N] [storage=URL] [workers=K] [report=true]`
 
 Multi-objective Optuna studies over `phasefix.fit` (default: maximise prefix-padding `acc_mean` and `acc_worst`).
 The study file names the base overrides, the search space, the objectives, the sampler, the trial budget,
@@ -6,37 +6,75 @@ constraints and pruning rules; every trial's config is built with the Hydra comp
 
 Storage: an Optuna RDB storage with heartbeats (a trial whose worker died is failed after `grace_period` seconds and
 retried): `sqlite:///<study file dir>/<name>.db` by default, `postgresql://...` for workers on many machines.
-Rerunning the command resumes the study; `--n-trials` is the total budget (finished trials, earlier runs included).
+Rerunning the command resumes the study; `n_trials` is the total budget (finished trials, earlier runs included).
 MLflow: one parent run per study, one child run per trial. Reports (Pareto CSV and PNG) go to
 `<study file dir>/reports/<name>/` and to the parent run. Details and commands: docs/studies.md.
+
+A Hydra app (conf/study.yaml over `StudyCliConfig`); the earlier form `python -m phasefix.study studies/x.yaml
+--workers 2 [--n-trials N] [--storage URL] [--report]` still works (`shim`).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from phasefix.errors import ConfigError
-from phasefix.study.runner import run_study
+from hydra.core.config_store import ConfigStore
+
+from phasefix.errors import check
+
+
+@dataclass
+class StudyCliConfig:
+    spec: str | None = None  # the study file, e.g. studies/mean_vs_worst.yaml
+    n_trials: int | None = None  # total trial budget (default: the file's n_trials)
+    storage: str | None = None  # Optuna RDB URL (default sqlite:///<study dir>/<name>.db)
+    workers: int = 1  # worker processes on this machine
+    report: bool = False  # only write and print the Pareto report
+    verbose: bool = False
+
+
+ConfigStore.instance().store(name="study_schema", node=StudyCliConfig)
+
+FLAGS = {"--workers": "workers", "--n-trials": "n_trials", "--storage": "storage"}
+
+
+def shim(argv: Sequence[str]) -> list[str]:
+    """The earlier argparse forms as overrides: a leading path -> `spec=PATH` (also `study=PATH`), `--workers K`,
+    `--n-trials N`, `--storage URL` (also with `=`) -> `workers=K`, ..., `--report` -> `report=true`."""
+    from phasefix.cli import quoted
+
+    out, args = [], list(argv)
+    while args:
+        a = args.pop(0)
+        flag, eq, value = a.partition("=")
+        if flag in FLAGS:
+            if not eq:
+                check(bool(args), flag, None, "needs a value")
+                value = args.pop(0)
+            out.append(f"{FLAGS[flag]}={quoted(value) if flag == '--storage' else value}")
+        elif a == "--report":
+            out.append("report=true")
+        elif flag in ("spec", "study") and eq:
+            out.append(f"spec={quoted(value)}")
+        elif not eq and not a.startswith("-"):  # the study file, as argparse took it
+            out.append(f"spec={quoted(a)}")
+        else:
+            out.append(a)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The exit code: 0 done, 2 a bad study file or option (one line on stderr), 3 too many failed trials,
     4 timeout, 130 interrupted; a worker's own code when the study did not reach its budget."""
-    ap = argparse.ArgumentParser(prog="python -m phasefix.study", description=__doc__.split("\n\n")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("study", help="study file, e.g. studies/mean_vs_worst.yaml")
-    ap.add_argument("--n-trials", type=int, default=None, help="total trial budget (overrides n_trials)")
-    ap.add_argument("--storage", default=None,
-                    help="Optuna RDB URL (default sqlite:///<study dir>/<name>.db); postgresql://... for many machines")
-    ap.add_argument("--workers", type=int, default=1, help="worker processes on this machine")
-    ap.add_argument("--report", action="store_true", help="only write and print the Pareto report")
-    args = ap.parse_args(argv)
-    try:
-        return run_study(args.study, args.n_trials, args.storage, args.workers, args.report)["rc"]
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    from phasefix.cli import run
+    from phasefix.study.runner import run_study
+
+    def work(cfg) -> int:
+        check(cfg.spec is not None, "spec", None, "must name the study file, e.g. spec=studies/mean_vs_worst.yaml")
+        return run_study(cfg.spec, cfg.n_trials, cfg.storage, cfg.workers, cfg.report)["rc"]
+
+    return run("study", argv, work, shim)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ from typing import Any
 
 from phasefix.errors import check
 from phasefix.study import runs
-from phasefix.study.spec import PruneRule, StudySpec, base_mitigations
+from phasefix.study.spec import PruneRule, StudySpec, base_mitigations, logged_name
 
 FitFn = Callable[..., dict]  # (cfg, callbacks) -> summary, like phasefix.fit.fit
-# what a trial keeps as its user attr `metrics` (the objectives too)
-TRIAL_METRICS = ("prefix.acc_mean", "prefix.acc_worst", "prefix.acc_gap", "in_sequence.acc_mean",
-                 "in_sequence.acc_worst", "in_sequence.acc_gap", "lm_loss", "train_seconds")
+# what a trial keeps as its user attr `metrics` (the objectives too), by their logged names
+TRIAL_METRICS = ("final/prefix/acc_mean", "final/prefix/acc_worst", "final/prefix/acc_gap",
+                 "final/in_sequence/acc_mean", "final/in_sequence/acc_worst", "final/in_sequence/acc_gap",
+                 "final/lm_loss", "train_seconds")
 
 
 def suggest(trial, spec: StudySpec) -> list[str]:
@@ -37,9 +38,12 @@ def suggest(trial, spec: StudySpec) -> list[str]:
 
 
 def metric_value(summary: dict, metric: str):
-    """`prefix.acc_worst` -> summary['prefix']['acc_worst']; None when absent."""
+    """A metric of the fit summary by its logged name: `final/prefix/acc_worst` -> summary['prefix']['acc_worst'],
+    `final/lm_loss` -> summary['lm_loss'], other names are summary keys (dotted: nested); None when absent."""
+    metric = logged_name(metric)
+    path = metric.split("/")[1:] if metric.startswith("final/") else metric.split(".")
     v: Any = summary
-    for part in metric.split("."):
+    for part in path:
         if not isinstance(v, dict) or part not in v:
             return None
         v = v[part]
@@ -72,10 +76,10 @@ def pruning_callback(trial, rules: Sequence[PruneRule]):
                                                   if k.count("/") == 2}})
             trial.set_user_attr("val_history", self.history)
             for i, r in enumerate(rules):
-                if i in self.done or step < r.step or r.logged_key not in vals:
+                if i in self.done or step < r.step or r.metric not in vals:
                     continue
                 self.done.add(i)
-                v = vals[r.logged_key]
+                v = vals[r.metric]
                 if (r.min is not None and v < r.min) or (r.max is not None and v > r.max):
                     bound = f"< {r.min}" if r.min is not None else f"> {r.max}"
                     msg = f"{r.metric}={v:.4f} {bound} at step {step}"

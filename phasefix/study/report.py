@@ -6,10 +6,11 @@ import csv
 from pathlib import Path
 
 from phasefix.study import runs
-from phasefix.study.spec import StudySpec
+from phasefix.study.spec import StudySpec, logged_name
 
 # metrics a row shows besides the objectives (from the trial's user attr `metrics`)
-EXTRA_COLUMNS = ("prefix.acc_gap", "in_sequence.acc_mean", "in_sequence.acc_worst", "lm_loss", "train_seconds")
+EXTRA_COLUMNS = ("final/prefix/acc_gap", "final/in_sequence/acc_mean", "final/in_sequence/acc_worst", "final/lm_loss",
+                 "train_seconds")
 
 
 def counts(study) -> dict[str, int]:
@@ -35,7 +36,8 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
         row = {"trial": t.number, "state": t.state.name}
         for o, v in zip(spec.objectives, t.values or [None] * len(spec.objectives)):
             row[o.metric] = None if v is None else round(v, 4)
-        extra = t.user_attrs.get("metrics") or {}
+        # trials of earlier versions kept `prefix.acc_gap`, `lm_loss`: the same metrics
+        extra = {logged_name(k): v for k, v in (t.user_attrs.get("metrics") or {}).items()}
         for k in EXTRA_COLUMNS:
             if k not in row and k in extra:
                 row[k] = extra[k]
@@ -70,47 +72,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
 
 
-def pareto_figure(spec: StudySpec, trials, front):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    mx, my = spec.metric_names[0], spec.metric_names[1] if len(spec.objectives) > 1 else None
-    done = [t for t in trials if t.values]
-    front_ids = {t.number for t in front}
-    others = [t for t in done if t.number not in front_ids]
-    if my is None:  # one objective: value per trial
-        ax.scatter([t.number for t in done], [t.values[0] for t in done], c="grey", s=14)
-        ax.set_xlabel("trial")
-        ax.set_ylabel(mx)
-    else:
-        if others:
-            ax.scatter([t.values[0] for t in others], [t.values[1] for t in others], c="lightgrey",
-                       edgecolors="grey", s=18, label="trials")
-        if front:
-            xs, ys = [t.values[0] for t in front], [t.values[1] for t in front]
-            order = sorted(range(len(front)), key=lambda i: xs[i])
-            ax.plot([xs[i] for i in order], [ys[i] for i in order], "-o", color="C3", ms=5, label="Pareto front")
-            for t in front:
-                ax.annotate(str(t.number), (t.values[0], t.values[1]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
-        if {mx.split(".")[-1], my.split(".")[-1]} == {"acc_mean", "acc_worst"}:  # the goal worst >= 0.9 mean
-            lo = min([t.values[0] for t in done] + [0.0])
-            line = [lo, 1.0]
-            if mx.endswith("acc_mean"):
-                ax.plot(line, [0.9 * v for v in line], ":", color="C2", lw=1, label="worst = 0.9 x mean")
-            else:
-                ax.plot([0.9 * v for v in line], line, ":", color="C2", lw=1, label="worst = 0.9 x mean")
-        ax.set_xlabel(f"{mx} ({spec.directions[0][:3]})")
-        ax.set_ylabel(f"{my} ({spec.directions[1][:3]})")
-        ax.legend(fontsize=7, loc="best")
-    ax.set_title(f"study {spec.name}: {len(done)} complete trials, {len(front)} on the front", fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
 def format_table(rows: list[dict], max_rows: int = 15) -> str:
     if not rows:
         return "(no complete trials yet)"
@@ -136,16 +97,14 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
     front_rows = trial_rows(spec, study, front)
     write_csv(out / "pareto.csv", front_rows)
     write_csv(out / "trials.csv", trial_rows(spec, study, trials))
-    fig = pareto_figure(spec, [t for t in trials if t.state.name == "COMPLETE"], front)
-    fig.savefig(out / "pareto.png", dpi=110)
+    from phasefix import plots
+
+    plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE"], front), out / "pareto.png")
     n = counts(study)
     if log_to_mlflow:
         best = {m: (max if d == "maximize" else min)(r[m] for r in front_rows)
                 for m, d in zip(spec.metric_names, spec.directions) if front_rows}
-        runs.log_report(study, [out / "pareto.csv", out / "trials.csv"], n, best, fig)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+        runs.log_report(study, [out / "pareto.png", out / "pareto.csv", out / "trials.csv"], n, best)
     parent = study.user_attrs.get(runs.PARENT_ATTR)
     if not quiet:
         print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete, {n['PRUNED']} pruned, "

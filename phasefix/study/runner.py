@@ -1,5 +1,5 @@
 """Running a study: the Optuna RDB storage with heartbeats and retries, the sampler, the budget loop of one worker
-(Optuna's `MaxTrialsCallback`), `--workers K` processes on this machine, and `run_study` (the CLI's work)."""
+(Optuna's `MaxTrialsCallback`), `workers=K` processes on this machine, and `run_study` (the CLI's work)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -14,7 +14,7 @@ from phasefix.errors import ConfigError, check
 from phasefix.study import runs
 from phasefix.study.objective import FitFn, make_objective
 from phasefix.study.report import counts, report
-from phasefix.study.spec import StudySpec, check_storage_url, load_spec, validate
+from phasefix.study.spec import StudySpec, check_storage_url, load_spec, logged_name, validate
 
 
 def storage_driver(url: str) -> str:
@@ -99,7 +99,8 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
         check(stored == spec.directions, "objectives", spec.directions,
               f"differ from the stored study {spec.name!r} ({stored}) in {runs.redact(url)}: use another name or "
               "storage")
-        if study.metric_names != spec.metric_names:
+        # a study stored with the earlier spelling (prefix.acc_mean) names the same metrics: left as it is
+        if [logged_name(m) for m in study.metric_names or []] != spec.metric_names:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "experimental"
                 study.set_metric_names(spec.metric_names)
@@ -118,7 +119,7 @@ def load_study(spec: StudySpec, url: str):
             return optuna.load_study(study_name=spec.name, storage=make_storage(spec, url, with_callbacks=False))
         except KeyError:
             raise ConfigError(f"study {spec.name!r} is not in {runs.redact(url)}: run it first (or pass its "
-                              "--storage)") from None
+                              "storage=)") from None
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -167,7 +168,7 @@ def run_worker(spec: StudySpec, url: str, n_trials: int, worker: int = 0, thread
 
 def _worker_process(spec: StudySpec, url: str, n_trials: int, worker: int, threads: int, fit_fn: FitFn | None,
                     log: Path) -> None:
-    """The body of one of `--workers K`'s processes: output to its log file, exit code from run_worker."""
+    """The body of one of `workers=K`'s processes: output to its log file, exit code from run_worker."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -215,11 +216,11 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     every worker (tests: a cheap stand-in). Returns report()'s dict plus 'rc'."""
     spec = load_spec(path)
     if storage:
-        check_storage_url(storage)
+        check_storage_url(storage, "storage")
     url = spec.storage_url(storage)
     budget = spec.n_trials if n_trials is None else n_trials
-    check(budget >= 1, "--n-trials", budget, "must be >= 1")
-    check(workers >= 1, "--workers", workers, "must be >= 1")
+    check(budget >= 1, "n_trials", budget, "must be >= 1")
+    check(workers >= 1, "workers", workers, "must be >= 1")
     if report_only:
         return {**report(spec, load_study(spec, url), url), "rc": 0}
     validate(spec)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 
 from phasefix.study.spec import Param, StudySpec
 
@@ -45,31 +44,22 @@ def ensure_parent_run(spec: StudySpec, study, url: str) -> str:
     run_id = study.user_attrs.get(PARENT_ATTR)
     if run_id:
         try:
-            c.update_run(run_id, status="RUNNING")
+            tracking.resume_run(c, run_id)
             return run_id
         except Exception:
             print(f"[study] parent MLflow run {run_id} not found in {uri}: creating a new one", file=sys.stderr)
-    exp_id = tracking.get_or_create_experiment(c, experiment_name(spec, cfg))
-    run = c.create_run(exp_id, run_name=f"study-{spec.name}", tags={
-        "phasefix.kind": "study", "study": spec.name, "study.storage": redact(url),
-        "study.file": str(spec.path), "git_commit": tracking.git_commit(),
+    run_id = tracking.create_run(c, experiment_name(spec, cfg), f"study-{spec.name}", tags={
+        "phasefix.kind": "study", "study": spec.name, "study.storage": redact(url), "study.file": str(spec.path),
         "objectives": ",".join(f"{o.direction[:3]}:{o.metric}" for o in spec.objectives),
         "mlflow.note.content": spec.description or f"Optuna study {spec.name}"})
-    c.log_text(run.info.run_id, spec.path.read_text(), "study.yaml")
-    c.log_batch(run.info.run_id, params=_params([
-        ("n_trials", spec.n_trials), ("sampler", spec.sampler["type"]),
-        ("objectives", ",".join(spec.metric_names)), ("base", " ".join(spec.base)[:5000]),
-        *((f"space.{p.name}", _space(p)) for p in spec.params)]))
-    study.set_user_attr(PARENT_ATTR, run.info.run_id)
+    tracking.log_config(c, run_id, spec.path.read_text(), "study.yaml")
+    tracking.log_params(c, run_id, {
+        "n_trials": spec.n_trials, "sampler": spec.sampler["type"], "objectives": ",".join(spec.metric_names),
+        "base": " ".join(spec.base)[:5000], **{f"space.{p.name}": _space(p) for p in spec.params}})
+    study.set_user_attr(PARENT_ATTR, run_id)
     study.set_user_attr(URI_ATTR, uri)
     study.set_user_attr(EXPERIMENT_ATTR, experiment_name(spec, cfg))
-    return run.info.run_id
-
-
-def _params(items):
-    from mlflow.entities import Param as MParam
-
-    return [MParam(k, str(v)[:6000]) for k, v in items]
+    return run_id
 
 
 def _space(p: Param) -> str:
@@ -78,25 +68,20 @@ def _space(p: Param) -> str:
     return f"{p.override} {p.type} [{p.low}, {p.high}]{' log' if p.log else ''}"
 
 
-def log_report(study, files, counts: dict[str, int], best: dict[str, float], fig) -> None:
+def log_report(study, files, counts: dict[str, int], best: dict[str, float]) -> None:
     """The report on the parent run: the figure and CSV files under `pareto/`, the trial counts and the best value
     of each objective on the front as metrics."""
     parent = study.user_attrs.get(PARENT_ATTR)
     if not parent:
         return
     try:
-        from mlflow.entities import Metric
-
         from phasefix import tracking
 
         c = _client(study)
-        tracking.log_figure(c, parent, fig, "pareto/pareto.png")
-        for path in files:
-            c.log_artifact(parent, str(path), "pareto")
-        ts = int(time.time() * 1000)
-        c.log_batch(parent, metrics=[Metric(f"study/{k.lower()}", float(counts[k]), ts, 0)
-                                     for k in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")]
-                    + [Metric(f"pareto/{m}", float(v), ts, 0) for m, v in best.items()])
+        tracking.log_files(c, parent, files, "pareto")
+        tracking.log_metric_values(c, parent, {
+            **{f"study/{k.lower()}": counts[k] for k in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
+            **{f"pareto/{m}": v for m, v in best.items()}})
     except Exception as e:
         print(f"[study] could not log the report to MLflow run {parent}: {e}", file=sys.stderr)
 
@@ -106,7 +91,9 @@ def finish_parent(study, complete: bool) -> None:
     if not parent:
         return
     try:
-        _client(study).set_terminated(parent, status="FINISHED" if complete else "KILLED")
+        from phasefix import tracking
+
+        tracking.end_run(_client(study), parent, "FINISHED" if complete else "KILLED")
     except Exception as e:
         print(f"[study] could not end MLflow run {parent}: {e}", file=sys.stderr)
 
@@ -117,10 +104,9 @@ def mark_pruned(trial, msg: str) -> None:
     if not run_id:
         return
     try:
-        c = _client(trial.study)
-        c.set_tag(run_id, "optuna.state", "PRUNED")
-        c.set_tag(run_id, "optuna.pruned", msg)
-        c.set_terminated(run_id, status="KILLED")
+        from phasefix import tracking
+
+        tracking.end_run(_client(trial.study), run_id, "KILLED", {"optuna.state": "PRUNED", "optuna.pruned": msg})
     except Exception as e:
         print(f"[study] could not tag MLflow run {run_id} as pruned: {e}", file=sys.stderr)
 
@@ -131,8 +117,8 @@ def mark_lost(study, trial) -> None:
     if not run_id:
         return
     try:
-        c = _client(study)
-        c.set_tag(run_id, "optuna.state", "FAIL (worker died)")
-        c.set_terminated(run_id, status="FAILED")
+        from phasefix import tracking
+
+        tracking.end_run(_client(study), run_id, "FAILED", {"optuna.state": "FAIL (worker died)"})
     except Exception as e:  # MLflow down must not stop the study
         print(f"[study] could not mark MLflow run {run_id} failed: {e}", file=sys.stderr)

@@ -25,7 +25,28 @@ SAMPLERS = tuple(SAMPLER_KEYS)
 STORAGE_KEYS = ("url", "heartbeat_interval", "grace_period", "max_retry")
 DIRECTIONS = ("maximize", "minimize")
 VAL_METRICS = ("acc_mean", "acc_worst", "acc_gap")  # what the module logs as val/<padding>/<key>
+PADDINGS = ("prefix", "in_sequence")
 NONE_CHOICES = ("none", "null", "", None)
+
+
+def logged_name(metric: str, split: str = "final") -> str:
+    """A study metric by the name the run logs it under (`phasefix.tracking.phase_metric`): objectives and
+    constraints read the final evaluation (`final/prefix/acc_mean`, `final/lm_loss`), pruning rules the validation
+    during training (`val/prefix/acc_mean`). The spelling of earlier study files, `prefix.acc_mean` and `lm_loss`,
+    names the same metric. Other names (`compressor_flops_per_token`, `train_seconds`) are keys of the fit summary
+    that are not logged as metrics, and stay as written."""
+    from phasefix.tracking import phase_metric
+
+    pad, dot, key = metric.partition(".")
+    if dot and pad in PADDINGS:
+        return phase_metric(split, pad, key)
+    return f"{split}/lm_loss" if metric == "lm_loss" else metric
+
+
+def metric_padding(metric: str) -> str | None:
+    """The padding a phase metric (`<split>/<padding>/<key>`) reads, None for other metrics."""
+    parts = metric.split("/")
+    return parts[1] if len(parts) == 3 and parts[1] in PADDINGS else None
 
 
 @dataclass
@@ -69,8 +90,10 @@ class Constraint:
 
     @property
     def key(self) -> str:
-        """The constraint's name in Optuna (`Trial.set_constraint`), e.g. `lm_loss.max`."""
-        return f"{self.metric}.{'max' if self.max is not None else 'min'}"
+        """The constraint's name in Optuna (`Trial.set_constraint`), e.g. `lm_loss.max`, `prefix.acc_mean.min`: the
+        earlier spelling, so that a study started before the logged names keeps one name per constraint."""
+        name = self.metric.removeprefix("final/").replace("/", ".")
+        return f"{name}.{'max' if self.max is not None else 'min'}"
 
     def value(self, x: float) -> float:
         """Optuna's convention: <= 0 is feasible."""
@@ -80,14 +103,9 @@ class Constraint:
 @dataclass
 class PruneRule:
     step: int
-    metric: str               # <padding>.<acc_mean|acc_worst|acc_gap>
+    metric: str               # val/<padding>/<acc_mean|acc_worst|acc_gap>, as logged during training
     min: float | None = None  # prune when the value is below min ...
     max: float | None = None  # ... or above max (e.g. for acc_gap)
-
-    @property
-    def logged_key(self) -> str:
-        pad, key = self.metric.split(".")
-        return f"val/{pad}/{key}"
 
 
 @dataclass
@@ -319,7 +337,7 @@ def _parse_objectives(raw) -> list[Objective]:
         check(set(o) <= {"metric", "direction"}, f"objectives[{i}]", o, "allowed keys are metric, direction")
         d = o.get("direction", "maximize")
         check_choice(f"objectives[{i}].direction", d, DIRECTIONS)
-        objectives.append(Objective(o["metric"], d))
+        objectives.append(Objective(logged_name(o["metric"]), d))
     check(len({o.metric for o in objectives}) == len(objectives), "objectives", raw, "repeat a metric")
     return objectives
 
@@ -335,7 +353,8 @@ def _parse_constraints(raw) -> list[Constraint]:
         missing = c.get("missing", "fail")
         check_choice(f"{key}.missing", missing, ("fail", "ignore"))
         bound = "max" if "max" in c else "min"
-        constraints.append(Constraint(c["metric"], **{bound: _num(f"{key}.{bound}", c[bound])}, missing=missing))
+        constraints.append(Constraint(logged_name(c["metric"]), **{bound: _num(f"{key}.{bound}", c[bound])},
+                                      missing=missing))
     return constraints
 
 
@@ -376,18 +395,18 @@ def _parse_pruning(raw) -> list[PruneRule]:
     for i, r in enumerate(raw or []):
         key = f"pruning[{i}]"
         check(isinstance(r, dict) and {"step", "metric"} <= set(r) and set(r) <= {"step", "metric", "min", "max"},
-              key, r, "must be {step: N, metric: <padding>.<acc_mean|acc_worst|acc_gap>, min: X or max: X}")
+              key, r, "must be {step: N, metric: val/<padding>/<acc_mean|acc_worst|acc_gap>, min: X or max: X}")
         check(("min" in r) != ("max" in r), key, r, "needs exactly one of min, max")
-        pad, _, m = str(r["metric"]).partition(".")
-        check_choice(f"{key}.metric", m, VAL_METRICS)
-        check_choice(f"{key}.metric", pad, ("prefix", "in_sequence"))
+        metric = logged_name(str(r["metric"]), "val")
+        allowed = [f"val/{p}/{m}" for p in PADDINGS for m in VAL_METRICS]
+        check_choice(f"{key}.metric", metric if metric in allowed else r["metric"], allowed)
         bound = "min" if "min" in r else "max"
-        pruning.append(PruneRule(step=_num(f"{key}.step", r["step"], int), metric=f"{pad}.{m}",
+        pruning.append(PruneRule(step=_num(f"{key}.step", r["step"], int), metric=metric,
                                  **{bound: _num(f"{key}.{bound}", r[bound])}))
     return pruning
 
 
-def check_storage_url(url, key: str = "--storage") -> None:
+def check_storage_url(url, key: str = "storage") -> None:
     check(isinstance(url, str) and re.match(r"^(sqlite|postgresql|postgresql\+\w+|mysql|mysql\+\w+)://", url)
           is not None, key, url, "must be an RDB URL (sqlite:///PATH or postgresql://USER:PASS@HOST/DB): "
           "Optuna 5 keeps trial heartbeats only in RDB storages")
@@ -439,11 +458,11 @@ def validate(spec: StudySpec, deep: bool = True) -> None:
             raise ConfigError(f"{spec.path.name}: {e}") from None
     pads = set(base_cfg.eval.paddings)
     for i, o in enumerate(spec.objectives + spec.constraints):
-        pad = o.metric.split(".")[0]
-        if pad in ("prefix", "in_sequence"):
+        pad = metric_padding(o.metric)
+        if pad is not None:
             what = f"objectives[{i}]" if i < len(spec.objectives) else f"constraints[{i - len(spec.objectives)}]"
             check(pad in pads, f"{spec.path.name}: {what}.metric", o.metric,
                   f"needs eval.paddings to include {pad} (it is {sorted(pads)})")
     for i, r in enumerate(spec.pruning):
-        check(r.metric.split(".")[0] in pads, f"{spec.path.name}: pruning[{i}].metric", r.metric,
-              f"needs eval.paddings to include {r.metric.split('.')[0]}")
+        check(metric_padding(r.metric) in pads, f"{spec.path.name}: pruning[{i}].metric", r.metric,
+              f"needs eval.paddings to include {metric_padding(r.metric)}")
