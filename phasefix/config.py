@@ -11,10 +11,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.model.config import ModelConfig
 
-PADDINGS = ("prefix", "in_sequence")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 
 
@@ -46,7 +46,7 @@ class OptimConfig:
 
 @dataclass
 class EvalConfig:
-    paddings: list[str] = field(default_factory=lambda: ["prefix", "in_sequence"])
+    paddings: list[str] = field(default_factory=lambda: list(PADDINGS))
     period: int = 24
     per_residue: int = 48
     val_per_residue: int = 24

@@ -7,7 +7,7 @@ model=     a Hugging Face checkpoint directory (config.json + tokenizer), or a p
            any unique prefix of it), its output directory, or a .ckpt file
 task=      kv_lookup | needle: retrieval accuracy by residue of the target key's position (full-vocabulary top-1
            of the first answer token at the last position); Hugging Face models read text prompts rendered through
-           their own tokenizer (phasefix.text_prompts), phasefix checkpoints the synthetic set of their training
+           their own tokenizer (phasefix.data.text_prompts), phasefix checkpoints the synthetic set of their training
            task (phasefix.data.make_phase_eval)
            flip: the flipping-completion probe (Hugging Face models): log p(completion A) - log p(completion B)
            for every filler length, and the period of that curve
@@ -40,11 +40,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.metrics import PhaseAccuracy, detect_period
 
 TASKS = ("kv_lookup", "needle", "flip")
-PADDINGS = ("prefix", "in_sequence")
 SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "count", "period_detected",
                 "worst_ci", "gap_ci", "periodicity_ratio", "fold_stride")
 TASK_OPTIONS = ("num_records", "num_demos", "max_pad", "target_span", "num_filler", "max_length")
@@ -145,7 +145,7 @@ def flip_curve(model, probe, *, batch_size: int = 8, progress: bool = False) -> 
 
 
 def fft_period_safe(curve) -> float | None:
-    from phasefix.text_prompts import fft_period
+    from phasefix.metrics import fft_period
 
     p = fft_period(np.asarray(curve))
     return None if math.isnan(p) else round(p, 3)
@@ -232,7 +232,7 @@ def _load_hf(path: Path, device: str, dtype: str) -> Target:
 
 
 def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str) -> Target:
-    from phasefix.fit import data_config
+    from phasefix.data import data_config
     from phasefix.run import Run
 
     looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
@@ -336,7 +336,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
         check(target.kind == "hf", "task", task, "needs a Hugging Face model with a tokenizer (phasefix "
               "checkpoints read synthetic token ids)")
         check(not task_opts, "task", task, f"takes lengths and start, not {', '.join(task_opts)}")
-        from phasefix.text_prompts import FlipProbe
+        from phasefix.data.text_prompts import FlipProbe
 
         return {"flip": FlipProbe(target.tokenizer, period=period, lengths=opts["lengths"], start=opts["start"])}
     check(opts["lengths"] is None, "lengths", opts["lengths"], "applies to task='flip' only")
@@ -346,7 +346,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
     check(opts["text"] is None or is_lm_mix, "text", opts["text"],
           "applies to phasefix checkpoints trained with data.kind=lm_mix only")
     if target.kind == "hf":
-        from phasefix.text_prompts import TextPhaseSet
+        from phasefix.data.text_prompts import TextPhaseSet
 
         sets = {pad: TextPhaseSet(target.tokenizer, task, pad, period=period, per_residue=opts["per_residue"],
                                   seed=opts["seed"], **task_opts) for pad in opts["padding"]}
@@ -356,8 +356,8 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
             print(f"warning: prompts of {first.length} tokens exceed the model's max_position_embeddings={limit}",
                   file=sys.stderr)
         return {"sets": sets}
+    from phasefix.data import eval_set, eval_task_kwargs
     from phasefix.data.phase_eval import TASK_DEFAULTS
-    from phasefix.fit import eval_set, eval_task_kwargs
 
     for key in ("max_length", "num_filler"):
         check(key not in task_opts, key, task_opts.get(key), "applies to Hugging Face models only (a phasefix "

@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import ConfigError, check, check_choice
 
-PADDINGS = ("prefix", "in_sequence")
 KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",

@@ -429,7 +429,7 @@ def calibrate(source: Source, opts: dict) -> dict[str, torch.Tensor]:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from phasefix.text_prompts import TextPhaseSet
+    from phasefix.data.text_prompts import TextPhaseSet
 
     path = Path(source.spec)
     try:
