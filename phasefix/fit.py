@@ -293,7 +293,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         train_seconds = before_seconds + (time.time() - t_fit)
 
         # the final phase evaluation, on fresh prompts with intervals
-        from phasefix.evaluate import evaluate_phase
+        from phasefix.predict import evaluate_phase
 
         model = module.model.eval()
         results = {}

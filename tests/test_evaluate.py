@@ -16,7 +16,8 @@ from mlflow.tracking import MlflowClient
 from phasefix.data.text_prompts import (ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe,
                                         TextPhaseSet, spread_positions)
 from phasefix.errors import ConfigError
-from phasefix.evaluate import evaluate, logits_at, main
+from phasefix.evaluate import evaluate, main
+from phasefix.predict import logits_at
 
 PERIOD = 24
 
@@ -282,7 +283,8 @@ def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
 
 
 @pytest.mark.parametrize("args,key", [(["task=kv_lookup"], "model="), (["model=/nonexistent", "task=kv_lookup"], "model="),
-                                      (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "option=")])
+                                      (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "unknown key colour"),
+                                          (["model=x", "task=flip", "per_residu=1"], "did you mean per_residue?")])
 def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):
     assert main(args + [f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]  # MLflow may log too

@@ -1,0 +1,191 @@
+"""What the command-line apps share: compose an app's primary config with Hydra, one-line errors naming the key,
+Hydra's help template, and the `key=value` words users type.
+
+`fit` composes conf/fit.yaml from the config directory (its groups model, data, trainer, ...). The tools `evaluate`
+and `analyze` have their own primary configs, conf/<app>.yaml over a typed schema in `phasefix.config`; those are
+composed from Hydra's ConfigStore, not from the config directory, because their own keys `model=` and `experiment=`
+would otherwise select fit's config groups of the same name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import typing
+from collections.abc import Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from phasefix import config as C
+from phasefix.errors import ConfigError
+from phasefix.paths import CONF_DIR
+
+SCHEMAS = {"evaluate": C.EvaluateConfig, "analyze": C.AnalyzeConfig}  # the tool apps and their typed schemas
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = "fit", hydra_config: bool = False) -> DictConfig:
+    """The composed config of app `config_name` for these Hydra overrides; composition errors as ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        if config_name in SCHEMAS:
+            ConfigStore.instance().store(name=config_name, node=OmegaConf.load(CONF_DIR / f"{config_name}.yaml"))
+            init = initialize(version_base="1.3", config_path=None)
+        else:
+            init = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+        with init:
+            return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
+    except Exception as e:  # Hydra/OmegaConf errors are long; users need one line naming the key
+        raise ConfigError(one_line_error(e, overrides, config_name)) from None
+
+
+def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> str:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(e, MissingConfigException):
+        for o in overrides:
+            key, _, value = o.lstrip("+~").partition("=")
+            group_dir = CONF_DIR / key
+            if group_dir.is_dir():
+                allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))
+                bad = [n for n in value.strip("[]").split(",") if n not in allowed]
+                if bad:
+                    return f"{key}={bad[0]} is invalid: allowed values are {', '.join(allowed)}"
+    cause = e.__cause__ or e
+    msg = str(cause).splitlines()
+    full_key = next((ln.split(":", 1)[1].strip() for ln in msg if ln.strip().startswith("full_key:")), None)
+    first = msg[0] if msg else type(e).__name__
+    if full_key and ("not in" in first or "is not in struct" in first):
+        return unknown_key(full_key, config_name)
+    if full_key:
+        return f"{full_key}: {first}"
+    if first.startswith("Could not override '"):  # a key the app does not have
+        return unknown_key(first.split("'")[1], config_name)
+    return f"{first} (overrides: {' '.join(overrides)})"
+
+
+def config_keys(config_name: str) -> list[str]:
+    """Every key of the app's config, dotted (fit: both data kinds): what a misspelt key is matched against."""
+    from phasefix.tracking import flatten
+
+    variants = ([], ["data=lm_mix"]) if config_name == "fit" else ([],)
+    keys = set()
+    for overrides in variants:
+        keys |= set(flatten(OmegaConf.to_container(compose(overrides, config_name), resolve=False)))
+    return sorted(keys)
+
+
+def unknown_key(key: str, config_name: str = "fit") -> str:
+    """`unknown key K; did you mean K2?` (difflib over the app's keys)."""
+    close = difflib.get_close_matches(key, config_keys(config_name), n=1, cutoff=0.6)
+    return f"unknown key {key}" + (f"; did you mean {close[0]}?" if close
+                                   else f" (python -m phasefix.{config_name} --help lists the keys)")
+
+
+# ------------------------------------------------------------------------------------------------ key=value words
+def overrides(argv: Sequence[str], config_name: str, positional: str | None = None) -> list[str]:
+    """The words users type as Hydra overrides: a first word without `=` is `<positional>=word` (analyze's tool);
+    values of string keys are quoted (paths, run ids, `~/...`), a comma list for a list key is a list
+    (`padding=prefix,in_sequence`), and anything else Hydra cannot read as one value is quoted too."""
+    types = typing.get_type_hints(SCHEMAS[config_name])
+    out = []
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if not eq:
+            if i == 0 and positional is not None:
+                out.append(_override(positional, arg, types.get(positional)))
+                continue
+            raise ConfigError(f"argument {arg!r} is invalid: expected key=value (python -m phasefix.{config_name} "
+                              "--help lists the keys)")
+        out.append(_override(key, value, types.get(key)))
+    return out
+
+
+def _override(key: str, value: str, kind) -> str:
+    if key[:1] in "+~" or value[:1] in "[{'\"":  # Hydra's own syntax: as typed
+        return f"{key}={value}"
+    if typing.get_origin(kind) is list:
+        return f"{key}=[{value}]"
+    if kind is not None and str in typing.get_args(kind) + (kind,):
+        return f"{key}={_quote(value)}"
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        if not OverridesParser.create().parse_override(f"{key}={value}").is_sweep_override():
+            return f"{key}={value}"
+    except Exception:  # not one Hydra value: a plain string
+        pass
+    return f"{key}={_quote(value)}"
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# ------------------------------------------------------------------------------------------------ help and main
+def option_lines(config_name: str, tools: str | None = None) -> str:
+    """`  key  help (default)` for every key of a tool app's schema (only those of `tools` when given)."""
+    lines = []
+    for f in dataclasses.fields(SCHEMAS[config_name]):
+        meta = f.metadata
+        if tools is not None and tools not in meta.get("tools", "").split(","):
+            continue
+        default = ",".join(f.default_factory()) if f.default_factory is not dataclasses.MISSING else f.default
+        default = meta.get(tools, default) if tools else default
+        shown = "" if default is None else f" ({str(default).lower() if isinstance(default, bool) else default})"
+        lines.append(f"  {f.name:<13} {meta.get('help', '')}{shown}")
+    return "\n".join(lines)
+
+
+def print_help(config_name: str) -> None:
+    """Hydra's help template (`hydra.help.template` in conf/<app>.yaml) with the keys filled in."""
+    template = compose([], config_name, hydra_config=True).hydra.help.template
+    if config_name in SCHEMAS:
+        for tools in ("run", "audit"):
+            template = template.replace(f"$OPTIONS_{tools}", option_lines(config_name, tools))
+        template = template.replace("$OPTIONS", option_lines(config_name))
+    print(template)
+
+
+def main(argv: Sequence[str], config_name: str, app: Callable[[DictConfig], object],
+         positional: str | None = None) -> int:
+    """A tool app's command line: -h/--help, --cfg, -v; `app(cfg)` prints its results; bad input is one line
+    `error: ...` and exit code 2, Ctrl-C exit code 130."""
+    from phasefix.console import quiet, verbose_flag
+
+    argv, verbose = verbose_flag(list(argv))
+    if any(a in ("-h", "--help") for a in argv):
+        print_help(config_name)
+        return 0
+    show_cfg = "--cfg" in argv
+    argv = [a for a in argv if a != "--cfg"] + (["verbose=true"] if verbose else [])
+    try:
+        cfg = compose(overrides(argv, config_name, positional), config_name)
+        quiet(bool(cfg.verbose))
+        if show_cfg:
+            print(OmegaConf.to_yaml(cfg))
+            return 0
+        app(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(str(e) or "interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def options(args, config_name: str, positional: str | None = None) -> DictConfig:
+    """A tool app's config from a composed config, a mapping of options, or key=value words (the Python API)."""
+    if isinstance(args, DictConfig):
+        return args
+    if isinstance(args, typing.Mapping):
+        try:
+            return OmegaConf.merge(compose([], config_name), dict(args))
+        except Exception as e:
+            raise ConfigError(one_line_error(e, [f"{k}={v}" for k, v in args.items()], config_name)) from None
+    return compose(overrides(list(args), config_name, positional), config_name)
