@@ -1,37 +1,58 @@
 """The command lines: each `python -m phasefix.<app>` is a Hydra app with its own primary config `conf/<app>.yaml`
 over a typed schema (the one source of defaults), Hydra's help template (`hydra.help.template`) for `-h`, `--cfg`
-for the composed config, `-v` for `verbose=true`, and bad input as one line naming the key, exit code 2.
+for the composed config, `-v` for `verbose=true`, bad input as one line naming the key (exit code 2) and Ctrl-C as
+exit code 130.
 
 Configs are composed with Hydra's compose API (as the studies and the tests compose fit's), so every app is also a
-function of its config: `fit(cfg)`, `report(cfg)`, ... `shim` lets an app keep the argument forms its users type
-(`python -m phasefix.study studies/x.yaml --workers 2`, `report runs=a,b tag.K=V`) by rewriting them to overrides.
+function of its config: `fit(cfg)`, `report(cfg)`, `evaluate(cfg)`, ... `fit`, `report`, `study` and `theory` are
+composed from the config directory (fit's groups model, data, trainer, ...). The tools `evaluate` and `analyze`
+(SCHEMAS) are composed from Hydra's ConfigStore instead, because their own keys `model=` and `experiment=` would
+otherwise select fit's config groups of the same name.
+
+`run`'s `shim` lets an app keep the argument forms its users type (`python -m phasefix.study studies/x.yaml
+--workers 2`, `report runs=a,b tag.K=V`, `evaluate model=~/m out=/tmp/x`) by rewriting them to overrides; `overrides`
+is the tools' shim: plain `key=value` words, quoted where Hydra would misread them.
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import sys
+import typing
 from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from phasefix import config as C
 from phasefix.errors import ConfigError
 from phasefix.paths import CONF_DIR
 
+SCHEMAS = {"evaluate": C.EvaluateConfig, "analyze": C.AnalyzeConfig}  # the tool apps and their typed schemas
 
-def compose(overrides: Sequence[str] = (), config_name: str = "fit") -> DictConfig:
-    """The composed config for these overrides (Hydra compose API), with composition errors as ConfigError."""
+
+def compose(overrides: Sequence[str] = (), config_name: str = "fit", hydra_config: bool = False) -> DictConfig:
+    """The composed config of app `config_name` for these Hydra overrides (`hydra_config`: with the `hydra` node, for
+    the help template); composition errors as ConfigError."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
+        if config_name in SCHEMAS:
+            ConfigStore.instance().store(name=config_name, node=OmegaConf.load(CONF_DIR / f"{config_name}.yaml"))
+            init = initialize(version_base="1.3", config_path=None)
+        else:
+            init = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+        with init:
+            return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
     except Exception as e:  # Hydra/OmegaConf errors are long; users need one line naming the key
-        raise ConfigError(_one_line_hydra_error(e, overrides, config_name)) from None
+        raise ConfigError(one_line_error(e, overrides, config_name)) from None
 
 
-def _one_line_hydra_error(e: Exception, overrides: Sequence[str], config_name: str) -> str:
+def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> str:
+    """A Hydra/OmegaConf composition error as one line naming the key (and its allowed values, or a close key)."""
     from hydra.errors import MissingConfigException
 
     if isinstance(e, MissingConfigException):
@@ -40,8 +61,7 @@ def _one_line_hydra_error(e: Exception, overrides: Sequence[str], config_name: s
             group_dir = CONF_DIR / key
             if group_dir.is_dir():
                 allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))
-                names = value.strip("[]").split(",")
-                bad = [n for n in names if n not in allowed]
+                bad = [n for n in value.strip("[]").split(",") if n not in allowed]
                 if bad:
                     return f"{key}={bad[0]} is invalid: allowed values are {', '.join(allowed)}"
     cause = e.__cause__ or e
@@ -52,51 +72,118 @@ def _one_line_hydra_error(e: Exception, overrides: Sequence[str], config_name: s
         return unknown_key(full_key, config_name)
     if full_key:
         return f"{full_key}: {first}"
+    if first.startswith("Could not override '"):  # a key the app does not have
+        return unknown_key(first.split("'")[1], config_name)
     return f"{first} (overrides: {' '.join(overrides)})"
 
 
 def config_keys(config_name: str = "fit") -> list[str]:
-    """Every key of an app's config, dotted (fit: both data kinds): what a misspelt key is matched against."""
+    """Every key of the app's config, dotted (fit: both data kinds): what a misspelt key is matched against."""
     from phasefix.tracking import flatten
 
+    variants = ([], ["data=lm_mix"]) if config_name == "fit" else ([],)
     keys = set()
-    for overrides in ([], ["data=lm_mix"]) if config_name == "fit" else ([],):
+    for overrides in variants:
         keys |= set(flatten(OmegaConf.to_container(compose(overrides, config_name), resolve=False)))
     return sorted(keys)
 
 
 def unknown_key(key: str, config_name: str = "fit") -> str:
     """`unknown key K; did you mean K2?` (difflib over the app's keys)."""
-    import difflib
-
     close = difflib.get_close_matches(key, config_keys(config_name), n=1, cutoff=0.6)
+    lists = "--help" if config_name in SCHEMAS else "--cfg"  # a tool's help lists every key; fit's the most used
     return f"unknown key {key}" + (f"; did you mean {close[0]}?" if close
-                                   else f" (python -m phasefix.{config_name} --cfg lists the keys)")
+                                   else f" (python -m phasefix.{config_name} {lists} lists the keys)")
+
+
+# ------------------------------------------------------------------------------------------------ key=value words
+def quoted(value) -> str:
+    """A string as a quoted Hydra override value (run ids such as 1e328003 stay strings, not floats; paths, `~/...`)."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def overrides(argv: Sequence[str], config_name: str, positional: str | None = None) -> list[str]:
+    """A tool app's (SCHEMAS) words as Hydra overrides: a first word without `=` is `<positional>=word` (analyze's
+    tool); values of string keys are quoted (paths, run ids, `~/...`), a comma list for a list key is a list
+    (`padding=prefix,in_sequence`), and anything else Hydra cannot read as one value is quoted too."""
+    types = typing.get_type_hints(SCHEMAS[config_name])
+    out = []
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if not eq:
+            if i == 0 and positional is not None:
+                out.append(_override(positional, arg, types.get(positional)))
+                continue
+            raise ConfigError(f"argument {arg!r} is invalid: expected key=value (python -m phasefix.{config_name} "
+                              "--help lists the keys)")
+        out.append(_override(key, value, types.get(key)))
+    return out
+
+
+def _override(key: str, value: str, kind) -> str:
+    if key[:1] in "+~" or value[:1] in "[{'\"":  # Hydra's own syntax: as typed
+        return f"{key}={value}"
+    if typing.get_origin(kind) is list:
+        return f"{key}=[{value}]"
+    if kind is not None and str in typing.get_args(kind) + (kind,):
+        return f"{key}={quoted(value)}"
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        if not OverridesParser.create().parse_override(f"{key}={value}").is_sweep_override():
+            return f"{key}={value}"
+    except Exception:  # not one Hydra value: a plain string
+        pass
+    return f"{key}={quoted(value)}"
+
+
+def options(args, config_name: str, positional: str | None = None) -> DictConfig:
+    """A tool app's config from a composed config, a mapping of options, or key=value words (the Python API)."""
+    if isinstance(args, DictConfig):
+        return args
+    if isinstance(args, typing.Mapping):
+        try:
+            return OmegaConf.merge(compose([], config_name), dict(args))
+        except Exception as e:
+            raise ConfigError(one_line_error(e, [f"{k}={v}" for k, v in args.items()], config_name)) from None
+    return compose(overrides(list(args), config_name, positional), config_name)
+
+
+# ------------------------------------------------------------------------------------------------ help and run
+def option_lines(config_name: str, tools: str | None = None) -> str:
+    """`  key  help (default)` for every key of a tool app's schema (only those of `tools` when given)."""
+    lines = []
+    for f in dataclasses.fields(SCHEMAS[config_name]):
+        meta = f.metadata
+        if tools is not None and tools not in meta.get("tools", "").split(","):
+            continue
+        default = ",".join(f.default_factory()) if f.default_factory is not dataclasses.MISSING else f.default
+        default = meta.get(tools, default) if tools else default
+        shown = "" if default is None else f" ({str(default).lower() if isinstance(default, bool) else default})"
+        lines.append(f"  {f.name:<13} {meta.get('help', '')}{shown}")
+    return "\n".join(lines)
 
 
 def help_text(config_name: str) -> str:
-    """The app's `hydra.help.template`, `$APP_CONFIG_GROUPS` filled with the config groups and their options."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, return_hydra_config=True)
-    groups = "\n".join(f"  {g.name:<11} " + ", ".join(sorted(p.stem for p in g.glob("*.yaml")))
-                       for g in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()))
-    return cfg.hydra.help.template.replace("$APP_CONFIG_GROUPS", groups)
-
-
-def quoted(value: str) -> str:
-    """A string as a quoted Hydra override value (run ids such as 1e328003 stay strings, not floats)."""
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """The app's `hydra.help.template` (conf/<app>.yaml) filled in: `$APP_CONFIG_GROUPS` with the config groups and
+    their options; a tool app's `$OPTIONS` (`$OPTIONS_<tools>`: those of analyze's run or audit tools) with its keys."""
+    template = compose([], config_name, hydra_config=True).hydra.help.template
+    if "$APP_CONFIG_GROUPS" in template:
+        groups = "\n".join(f"  {g.name:<11} " + ", ".join(sorted(p.stem for p in g.glob("*.yaml")))
+                           for g in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()))
+        template = template.replace("$APP_CONFIG_GROUPS", groups)
+    if config_name in SCHEMAS:
+        for tools in ("run", "audit"):  # before $OPTIONS, its prefix
+            template = template.replace(f"$OPTIONS_{tools}", option_lines(config_name, tools))
+        template = template.replace("$OPTIONS", option_lines(config_name))
+    return template
 
 
 def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig], int],
         shim: Callable[[list[str]], list[str]] | None = None) -> int:
     """The CLI of app `config_name`: `-h`/`--help`, `-v`, `--cfg`, then `work(cfg)`'s exit code; ConfigError: one
-    line on stderr, exit code 2. `shim` rewrites the app's own argument forms into overrides first."""
+    line on stderr, exit code 2; Ctrl-C (KeyboardInterrupt, its message saying how to resume): exit code 130.
+    `shim` rewrites the app's own argument forms into overrides first."""
     from phasefix.console import verbose_flag
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -107,8 +194,7 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
     show_cfg = "--cfg" in argv
     argv = [a for a in argv if a != "--cfg"]
     try:
-        overrides = shim(argv) if shim else argv
-        cfg = compose(overrides + (["verbose=true"] if verbose else []), config_name)
+        cfg = compose((shim(argv) if shim else argv) + (["verbose=true"] if verbose else []), config_name)
         if show_cfg:
             print(OmegaConf.to_yaml(cfg))
             return 0
@@ -116,6 +202,10 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(str(e) or "interrupted", file=sys.stderr)
+        return 130
 
 
-__all__ = ["compose", "config_keys", "help_text", "quoted", "run", "unknown_key"]
+__all__ = ["SCHEMAS", "compose", "config_keys", "help_text", "one_line_error", "option_lines", "options",
+           "overrides", "quoted", "run", "unknown_key"]

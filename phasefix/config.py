@@ -11,10 +11,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.model.config import ModelConfig
 
-PADDINGS = ("prefix", "in_sequence")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 
 
@@ -46,7 +46,7 @@ class OptimConfig:
 
 @dataclass
 class EvalConfig:
-    paddings: list[str] = field(default_factory=lambda: ["prefix", "in_sequence"])
+    paddings: list[str] = field(default_factory=lambda: list(PADDINGS))
     period: int = 24
     per_residue: int = 48
     val_per_residue: int = 24
@@ -80,8 +80,108 @@ class FitConfig:
     verbose: bool = False  # the libraries' own output (Lightning, MLflow, datasets) besides phasefix's bars
 
 
+# ------------------------------------------------------------------------------------------------ tools
+def option(default, help: str, **tool_defaults):
+    """A tool option: its default, the line `--help` prints, and defaults that depend on the tool (`run=24, audit=4`
+    where the schema's own default is None)."""
+    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**factory, metadata={"help": help, **tool_defaults})
+
+
+@dataclass
+class EvaluateConfig:
+    """`python -m phasefix.evaluate` (conf/evaluate.yaml)."""
+
+    model: str | None = option(None, "a Hugging Face checkpoint directory (config.json + tokenizer), or a phasefix "
+                               "run: its MLflow run id (or a unique prefix), output directory or .ckpt (required)")
+    task: str | None = option(None, "kv_lookup | needle: accuracy by residue of the target key's position; flip: "
+                              "the flipping-completion probe (Hugging Face models) (required)")
+    period: int | None = option(None, "residue = target position mod period (24; a phasefix run: its eval.period)")
+    stride: int | None = option(None, "fold residues onto this compression stride (a phasefix run: model.stride; "
+                                "else none: detected)")
+    padding: list[str] = option(list(PADDINGS), "prefix, in_sequence, both, or a list (padding=prefix,in_sequence)")
+    per_residue: int = option(48, "prompts per residue group")
+    batch_size: int | None = option(None, "prompts per forward pass (8; a phasefix run: 256)")
+    n_boot: int = option(2000, "cluster-bootstrap replicates")
+    seed: int = option(0, "prompt seed")
+    num_records: int | None = option(None, "task size (a phasefix run: what it trained on)")
+    num_demos: int | None = option(None, "task size (a phasefix run: what it trained on)")
+    max_pad: int | None = option(None, "total filler (a phasefix run: what it trained on)")
+    target_span: int | None = option(None, "needle: the window the target key is drawn from (8 * period)")
+    num_filler: int | None = option(None, "filler pieces (Hugging Face models)")
+    max_length: int | None = option(None, "prompt length in tokens (Hugging Face; needle: fills it with records)")
+    lengths: int | None = option(None, "flip: number of filler lengths (4 * period)")
+    start: int = option(0, "flip: the shortest filler")
+    text: bool | None = option(None, "held-out text before the records, as in training (a phasefix LM-mix run: "
+                               "true; false: the plain protocol prompts)")
+    device: str | None = option(None, "cuda if available, else cpu")
+    dtype: str = option("float32", "float32 | bfloat16 | float16")
+    which: str = option("last", "a phasefix run's checkpoint: last | best")
+    tracking_uri: str | None = option(None, "MLflow tracking URI (MLFLOW_TRACKING_URI or the project's store)")
+    experiment: str = option("phasefix", "MLflow experiment")
+    run_name: str | None = option(None, "MLflow run name (eval-<task>-<model>)")
+    out: str | None = option(None, "output directory (outputs/<date>/<time>-<run name>)")
+    progress: bool = option(True, "progress bars")
+    verbose: bool = option(False, "the libraries' own output too (-v)")
+
+
+ANALYZE_TOOLS = ("knockout", "gates", "cycle", "period", "confusions", "audit")
+
+
+@dataclass
+class AnalyzeConfig:
+    """`python -m phasefix.analyze TOOL ...` (conf/analyze.yaml). `analyze`: which keys each tool takes (metadata
+    `tools`) and the defaults that depend on it; `run` is the mechanism tools on a trained run, `audit` the phase
+    audit from the weights (`audit model=`, `gates model=`)."""
+
+    tool: str | None = option(None, "knockout, gates, cycle, period, confusions (run=) or audit, gates (model=)",
+                              tools="run,audit")
+    run: str | None = option(None, "MLflow run id (or a unique prefix), run output directory or .ckpt (required)",
+                             tools="run")
+    model: str | None = option(None, "a Hugging Face DeepSeek-V4 directory, or a phasefix run (MLflow run id, output "
+                               "dir, .ckpt) (required)", tools="audit")
+    tracking_uri: str | None = option(None, "MLflow tracking URI (the run's, else MLFLOW_TRACKING_URI or the "
+                                      "project's)", tools="run,audit")
+    which: str = option("last", "checkpoint of a run: last or best", tools="run,audit")
+    padding: str = option("prefix", "prefix, in_sequence or both", tools="run,audit")
+    per_residue: int | None = option(None, "prompts per residue group (audit: calibration and evaluation)",
+                                     tools="run,audit", run=24, audit=4)
+    seed: int | None = option(None, "evaluation seed (run: the run's eval.seed)", tools="run,audit", audit=0)
+    calib_seed: int | None = option(None, "knockout: seed of the calibration set (seed + 2, disjoint prompts)",
+                                    tools="run")
+    batch_size: int | None = option(None, "prompts per forward pass", tools="run,audit", run=128, audit=8)
+    n_boot: int | None = option(None, "cluster-bootstrap replicates (cycle, period, audit)", tools="run,audit",
+                                run=500, audit=200)
+    shifts: str = option("-3..3", "cycle: gate shifts d, as 'a..b' or 'a,b,c'", tools="run")
+    max_prompts: int | None = option(None, "gates: prompts the gate statistics average over", tools="run,audit",
+                                     run=512, audit=96)
+    period: int | None = option(None, "evaluation period P the phase mass is folded to (24; a phasefix run: its "
+                                "own)", tools="audit")
+    include: str = option("main", "compressors in the model's prediction: main (CSA, HCA; phasefix key+value) or "
+                          "all", tools="audit")
+    reading: str = option("answer", "phasefix runs: answer (the target-key phase a slot can answer: key slot i, "
+                          "value slot i-1) or slot (the phase of the token it holds)", tools="audit")
+    calibrate: bool = option(False, "also measure E[a] with hooked forward passes over the phase-controlled "
+                             "prompts", tools="audit")
+    task: str = option("kv_lookup", "audit: kv_lookup or needle", tools="audit")
+    max_length: int | None = option(None, "Hugging Face: prompt length in tokens", tools="audit")
+    device: str | None = option(None, "cuda if available, else cpu", tools="audit")
+    dtype: str = option("float32", "float32, bfloat16 or float16 (forward passes)", tools="audit")
+    experiment: str = option("phasefix", "MLflow experiment", tools="audit")
+    run_name: str | None = option(None, "MLflow run name", tools="audit")
+    log: bool = option(True, "log metrics and figures to MLflow (run: into the run itself)", tools="run,audit")
+    out: str | None = option(None, "also save the figures under this directory (audit: outputs/<date>/<time>-"
+                             "<tool>-<model>)", tools="run,audit")
+    threads: int | None = option(None, "torch threads (torch's default)", tools="run,audit")
+    progress: bool = option(False, "progress bars in the evaluation", tools="audit")
+    verbose: bool = option(False, "the libraries' own output too (-v)", tools="run,audit")
+
+
 def register_configs() -> None:
-    ConfigStore.instance().store(name="fit_schema", node=FitConfig)
+    cs = ConfigStore.instance()
+    cs.store(name="fit_schema", node=FitConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="analyze_schema", node=AnalyzeConfig)
 
 
 register_configs()
@@ -126,5 +226,6 @@ def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
-__all__ = ["ConfigError", "EvalConfig", "FitConfig", "LoggerConfig", "OptimConfig", "TrainerConfig",
-           "model_config", "to_container", "validate_eval", "validate_optim", "validate_trainer"]
+__all__ = ["ANALYZE_TOOLS", "AnalyzeConfig", "ConfigError", "EvalConfig", "EvaluateConfig", "FitConfig",
+           "LoggerConfig", "OptimConfig", "TrainerConfig", "model_config", "option", "to_container", "validate_eval",
+           "validate_optim", "validate_trainer"]

@@ -1,110 +1,32 @@
-"""`python -m phasefix.evaluate model=<HF model dir | phasefix run> task=needle|kv_lookup|flip [key=value ...]`
+"""`python -m phasefix.evaluate model=<HF model dir | phasefix run> task=kv_lookup|needle|flip [key=value ...]`
 
 Phase-grouped evaluation of any causal LM (science.md section 4), logged to MLflow like a fit run and written to
-`<out>/summary.json`.
-
-model=     a Hugging Face checkpoint directory (config.json + tokenizer), or a phasefix fit: its MLflow run id (or
-           any unique prefix of it), its output directory, or a .ckpt file
-task=      kv_lookup | needle: retrieval accuracy by residue of the target key's position (full-vocabulary top-1
-           of the first answer token at the last position); Hugging Face models read text prompts rendered through
-           their own tokenizer (phasefix.text_prompts), phasefix checkpoints the synthetic set of their training
-           task (phasefix.data.make_phase_eval)
-           flip: the flipping-completion probe (Hugging Face models): log p(completion A) - log p(completion B)
-           for every filler length, and the period of that curve
-
-Options (default):
-  period (24; a phasefix run: its eval.period)   residue = target position mod period
-  stride (phasefix run: model.stride; else none) fold residues onto this compression stride (none: detected)
-  padding (prefix,in_sequence)  per_residue (48)  batch_size (8; phasefix run: 256)  n_boot (2000)  seed (0)
-  max_length        prompt length in tokens (Hugging Face; needle: fills it with records), up to 128K and beyond
-  num_records, num_demos, max_pad, target_span, num_filler   task sizes (phasefix run: those it trained on)
-  lengths (4 * period), start (0)   flip: number of filler lengths and the shortest
-  text (true for a phasefix LM-mix run)  held-out text before the records, as in its training (false: the plain
-                    protocol prompts)
-  device (cuda if available, else cpu)  dtype (float32 | bfloat16 | float16)  which (last | best: phasefix ckpt)
-  tracking_uri, experiment (phasefix), run_name, out (outputs/<date>/<time>-evaluate-<task>-<model>),
-  progress (true)
-
-`evaluate_phase(model, dataset, ...)` scores a synthetic set (used by `phasefix.fit`).
+`<out>/summary.json`. A Hydra app: its keys and defaults are `phasefix.config.EvaluateConfig` (conf/evaluate.yaml;
+`--help` lists them). Scoring is `phasefix.predict`; the prompts `phasefix.data` (text prompts for Hugging Face
+models, the synthetic set of its training task for a phasefix run).
 """
 from __future__ import annotations
 
 import math
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from omegaconf import DictConfig, OmegaConf
 
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import ConfigError, check, check_choice
-from phasefix.metrics import PhaseAccuracy, detect_period
+from phasefix.metrics import detect_period, fft_period
+from phasefix.predict import evaluate_phase, logits_at, progress_bar
 
 TASKS = ("kv_lookup", "needle", "flip")
-PADDINGS = ("prefix", "in_sequence")
 SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "count", "period_detected",
                 "worst_ci", "gap_ci", "periodicity_ratio", "fold_stride")
 TASK_OPTIONS = ("num_records", "num_demos", "max_pad", "target_span", "num_filler", "max_length")
-DEFAULTS = dict(model=None, task=None, period=None, stride=None, padding="prefix,in_sequence", per_residue=48,
-                batch_size=None, n_boot=2000, seed=0, **{k: None for k in TASK_OPTIONS}, lengths=None, start=0, text=None,
-                device=None, dtype="float32", which="last", tracking_uri=None, experiment="phasefix",
-                run_name=None, out=None, progress=True)
-RAW_STRING_KEYS = ("model", "tracking_uri", "experiment", "run_name", "out", "padding")
-
-
-def _progress(iterable: Iterable, total: int | None, desc: str, enabled: bool):
-    if not enabled:
-        return iterable
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
-
-
-@torch.no_grad()
-def evaluate_phase(model, dataset, *, period: int, stride: int | None = None, n_boot: int = 2000,
-                   batch_size: int = 256, seed: int = 0, progress: bool = False, desc: str = "evaluate") -> dict:
-    """Full-vocabulary top-1 accuracy at `query_pos` grouped by `residue` (PhaseAccuracy.compute() as a dict).
-
-    `model(input_ids [B, T]) -> logits [B, T, V]`; `dataset` has columns input_ids, answer, query_pos, residue,
-    cluster (as `make_phase_eval` writes them) in torch format.
-    """
-    metric = PhaseAccuracy(period, fold_stride=stride, n_boot=n_boot, seed=seed)
-    device = next(model.parameters()).device
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    for batch in _progress(loader, len(loader), desc, progress):
-        logits = model(batch["input_ids"].to(device))  # [B, T, V]
-        at_query = logits[torch.arange(logits.shape[0], device=device), batch["query_pos"].to(device)]
-        correct = (at_query.argmax(-1) == batch["answer"].to(device)).cpu()
-        metric.update(correct, batch["residue"], batch["cluster"])
-    return metric.compute()
-
-
-# ------------------------------------------------------------------------------------------------ HF scoring
-def logits_at(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Logits [B, K, V] of a Hugging Face causal LM at sequence positions [K] (the same for every row), computing
-    the output head only there (`logits_to_keep`), so 128K-token prompts never materialise [B, T, V]."""
-    try:
-        return model(input_ids=input_ids, use_cache=False, logits_to_keep=positions).logits
-    except TypeError:  # architectures without logits_to_keep
-        return model(input_ids=input_ids, use_cache=False).logits[:, positions]
-
-
-@torch.no_grad()
-def evaluate_text(model, prompts, *, stride: int | None = None, n_boot: int = 2000, batch_size: int = 8,
-                  seed: int = 0, progress: bool = False) -> dict:
-    """`evaluate_phase` for a `TextPhaseSet` (prompts generated a batch at a time) and a Hugging Face model."""
-    metric = PhaseAccuracy(prompts.period, fold_stride=stride, n_boot=n_boot, seed=seed)
-    device = next(model.parameters()).device
-    last = torch.tensor([prompts.query_pos], device=device)
-    total = math.ceil(len(prompts) / batch_size)
-    for batch in _progress(prompts.batches(batch_size), total, f"{prompts.task}/{prompts.padding}", progress):
-        logits = logits_at(model, torch.from_numpy(batch["input_ids"]).to(device), last)[:, 0]
-        correct = (logits.argmax(-1).cpu() == torch.from_numpy(batch["answer"]))
-        metric.update(correct, torch.from_numpy(batch["residue"]), torch.from_numpy(batch["cluster"]))
-    return metric.compute()
 
 
 @torch.no_grad()
@@ -116,7 +38,7 @@ def flip_curve(model, probe, *, batch_size: int = 8, progress: bool = False) -> 
     chunks = ((which, seqs[i:i + batch_size]) for which in (0, 1)
               for seqs in [list(probe.sequences(which))] for i in range(0, len(seqs), batch_size))
     done = [0, 0]
-    for which, chunk in _progress(chunks, total, "flip", progress):
+    for which, chunk in progress_bar(chunks, total, "flip", progress):
         m = probe.completions[which].size
         width = max(s.size for _, s, _ in chunk)
         ids = torch.zeros((len(chunk), width), dtype=torch.long)  # right padding: causal, positions untouched
@@ -145,53 +67,29 @@ def flip_curve(model, probe, *, batch_size: int = 8, progress: bool = False) -> 
 
 
 def fft_period_safe(curve) -> float | None:
-    from phasefix.text_prompts import fft_period
-
     p = fft_period(np.asarray(curve))
     return None if math.isnan(p) else round(p, 3)
 
 
 # ------------------------------------------------------------------------------------------------ options
-def parse_args(argv: Sequence[str] | Mapping) -> dict:
-    """key=value arguments (or a mapping) -> validated options with defaults."""
-    import yaml
+def options(args: Sequence[str] | Mapping | DictConfig) -> dict:
+    """key=value words, a mapping or a composed config -> validated options with defaults."""
+    from phasefix.cli import options as app_options
 
-    if isinstance(argv, Mapping):
-        given = dict(argv)
-    else:
-        given = {}
-        for arg in argv:
-            key, eq, value = arg.partition("=")
-            check(bool(eq) and bool(key), "argument", arg, "must be key=value")
-            if key in RAW_STRING_KEYS:
-                given[key] = value
-            else:
-                try:
-                    given[key] = yaml.safe_load(value) if value != "" else None
-                except yaml.YAMLError:
-                    given[key] = value
-    for key in given:
-        check_choice("option", key, tuple(DEFAULTS))
-    opts = {**DEFAULTS, **given}
+    opts = OmegaConf.to_container(app_options(args, "evaluate"), resolve=True)
     check(opts["model"] not in (None, ""), "model", opts["model"],
           "is required: a Hugging Face model directory, or a phasefix run id, output directory or .ckpt")
     check_choice("task", opts["task"], TASKS)
-    pads = opts["padding"]
-    if isinstance(pads, str):
-        pads = ["prefix", "in_sequence"] if pads in ("both", "all") else [p.strip() for p in pads.strip("[]").split(",")]
+    pads = list(PADDINGS) if opts["padding"] in (["both"], ["all"]) else opts["padding"]
     for p in pads:
         check_choice("padding", p, PADDINGS)
     opts["padding"] = list(dict.fromkeys(pads))
     for key in ("period", "stride", "batch_size", "lengths"):
-        check(opts[key] is None or (isinstance(opts[key], int) and opts[key] >= 1), key, opts[key],
-              "must be an integer >= 1 or null")
+        check(opts[key] is None or opts[key] >= 1, key, opts[key], "must be an integer >= 1 or null")
     for key in ("per_residue", "n_boot"):
-        check(isinstance(opts[key], int) and opts[key] >= 1, key, opts[key], "must be an integer >= 1")
+        check(opts[key] >= 1, key, opts[key], "must be an integer >= 1")
     check_choice("dtype", opts["dtype"], ("float32", "bfloat16", "float16"))
     check_choice("which", opts["which"], ("last", "best"))
-    for key in ("progress", "text"):
-        check(isinstance(opts[key], bool) or (key == "text" and opts[key] is None), key, opts[key],
-              "must be true or false")
     return opts
 
 
@@ -232,7 +130,7 @@ def _load_hf(path: Path, device: str, dtype: str) -> Target:
 
 
 def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str) -> Target:
-    from phasefix.fit import data_config
+    from phasefix.data import data_config
     from phasefix.run import Run
 
     looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
@@ -259,12 +157,13 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-def evaluate(args: Sequence[str] | Mapping = ()) -> dict:
-    """Run one evaluation from CLI-style options; returns the summary (also written to <out>/summary.json)."""
+def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
+    """Run one evaluation (key=value words, a mapping of options or the composed config); returns the summary (also
+    written to <out>/summary.json)."""
     from phasefix import tracking
     from phasefix.paths import OUTPUTS_DIR
 
-    opts = parse_args(args)
+    opts = options(args)
     target = load_target(str(opts["model"]), tracking_uri=opts["tracking_uri"], device=opts["device"],
                          dtype=opts["dtype"], which=opts["which"])
     period = opts["period"] or target.period
@@ -282,8 +181,9 @@ def evaluate(args: Sequence[str] | Mapping = ()) -> dict:
     c = tracking.client(opts["tracking_uri"])
     tags = {**target.tags, "task": opts["task"], "period": str(period), "stride": str(stride or "none"),
             "source": target.source, "phasefix.kind": "evaluate", "output_dir": str(out.resolve())}
-    run_id = tracking.create_run(c, opts["experiment"], name, tags)
-    tracking.log_params(c, run_id, {k: (",".join(v) if isinstance(v, list) else v) for k, v in opts.items()}
+    run_id = tracking.create_run(c, opts["experiment"], name, tags)  # tags git_commit too
+    tracking.log_params(c, run_id, {k: (",".join(v) if isinstance(v, list) else v) for k, v in opts.items()
+                                    if k != "verbose"}
                         | {"period": period, "stride": stride, "batch_size": batch_size})
     t0 = time.time()
     with tracking.running(c, run_id):
@@ -297,13 +197,12 @@ def evaluate(args: Sequence[str] | Mapping = ()) -> dict:
         else:
             results = {}
             for pad, prompts in plan["sets"].items():
+                res = evaluate_phase(target.model, prompts, period=period, stride=stride, n_boot=opts["n_boot"],
+                                     batch_size=batch_size, seed=opts["seed"], progress=opts["progress"],
+                                     desc=f"{opts['task']}/{pad}")
                 if target.kind == "hf":
-                    res = evaluate_text(target.model, prompts, stride=stride, n_boot=opts["n_boot"],
-                                        batch_size=batch_size, seed=opts["seed"], progress=opts["progress"])
                     summary.setdefault("prompts", {})[pad] = prompts.describe()
                 else:
-                    res = evaluate_phase(target.model, prompts, period=period, stride=stride, n_boot=opts["n_boot"],
-                                         batch_size=batch_size, seed=opts["seed"], progress=opts["progress"])
                     summary.setdefault("prompts", {})[pad] = {"num_prompts": len(prompts),
                                                               "prompt_length": len(prompts[0]["input_ids"]),
                                                               **plan["synthetic_kwargs"]}
@@ -330,7 +229,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
         check(target.kind == "hf", "task", task, "needs a Hugging Face model with a tokenizer (phasefix "
               "checkpoints read synthetic token ids)")
         check(not task_opts, "task", task, f"takes lengths and start, not {', '.join(task_opts)}")
-        from phasefix.text_prompts import FlipProbe
+        from phasefix.data.text_prompts import FlipProbe
 
         return {"flip": FlipProbe(target.tokenizer, period=period, lengths=opts["lengths"], start=opts["start"])}
     check(opts["lengths"] is None, "lengths", opts["lengths"], "applies to task='flip' only")
@@ -340,7 +239,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
     check(opts["text"] is None or is_lm_mix, "text", opts["text"],
           "applies to phasefix checkpoints trained with data.kind=lm_mix only")
     if target.kind == "hf":
-        from phasefix.text_prompts import TextPhaseSet
+        from phasefix.data.text_prompts import TextPhaseSet
 
         sets = {pad: TextPhaseSet(target.tokenizer, task, pad, period=period, per_residue=opts["per_residue"],
                                   seed=opts["seed"], **task_opts) for pad in opts["padding"]}
@@ -350,8 +249,8 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
             print(f"warning: prompts of {first.length} tokens exceed the model's max_position_embeddings={limit}",
                   file=sys.stderr)
         return {"sets": sets}
+    from phasefix.data import eval_set, eval_task_kwargs
     from phasefix.data.phase_eval import TASK_DEFAULTS
-    from phasefix.fit import eval_set, eval_task_kwargs
 
     for key in ("max_length", "num_filler"):
         check(key not in task_opts, key, task_opts.get(key), "applies to Hugging Face models only (a phasefix "
@@ -441,21 +340,16 @@ def tracking_spark(values) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from phasefix.console import quiet, verbose_flag
+    """`python -m phasefix.evaluate`: 0 done, 2 a bad option (one line), 130 interrupted (Ctrl-C)."""
+    from phasefix import cli
+    from phasefix.console import quiet
 
-    argv, verbose = verbose_flag(argv)  # -v: the libraries' own output too
-    quiet(verbose)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
-    try:
-        summary = evaluate(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print_summary(summary)
-    return 0
+    def work(cfg: DictConfig) -> int:
+        quiet(cfg.verbose)  # -v: the libraries' own output too
+        print_summary(evaluate(cfg))
+        return 0
+
+    return cli.run("evaluate", argv, work, shim=lambda words: cli.overrides(words, "evaluate"))
 
 
 if __name__ == "__main__":

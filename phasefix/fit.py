@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from phasefix import config as C
 from phasefix import tracking
 from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
-from phasefix.errors import ConfigError, check, check_choice
+from phasefix.data.select import data_config, eval_set, eval_task_kwargs, train_set
+from phasefix.errors import ConfigError, check
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -53,36 +54,6 @@ def plan(cfg: DictConfig) -> dict:
     return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
 
 
-DATA_KINDS = ("retrieval", "lm_mix")
-
-
-def data_config(d: dict):
-    """The data dataclass for `data.kind`: the retrieval task alone, or interleaved with text (`lm_mix`)."""
-    import dataclasses
-
-    from phasefix.data import RetrievalConfig
-    from phasefix.data.lm_mix import LMMixConfig
-
-    d = dict(d)
-    kind = d.pop("kind", "retrieval")
-    check_choice("data.kind", kind, DATA_KINDS)
-    cls = LMMixConfig if kind == "lm_mix" else RetrievalConfig
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"data.{unknown[0]} is not a data key: allowed keys are {', '.join(sorted(known))}")
-    return cls(**d)
-
-
-def train_dataset(data_cfg, split: str, seed: int):
-    from phasefix.data import make_train_dataset
-    from phasefix.data.lm_mix import LMMixConfig, make_lm_mix_dataset
-
-    if isinstance(data_cfg, LMMixConfig):
-        return make_lm_mix_dataset(data_cfg, split=split, seed=seed)
-    return make_train_dataset(data_cfg, split=split, seed=seed)
-
-
 @torch.no_grad()
 def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> float:
     """Mean next-token loss on held-out text positions (labels >= first_text_token)."""
@@ -96,28 +67,6 @@ def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> floa
         total += torch.nn.functional.cross_entropy(logits[mask].float(), labels[mask], reduction="sum").item()
         count += int(mask.sum())
     return total / max(count, 1)
-
-
-def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *, task: str = "kv_lookup",
-             task_kwargs: dict | None = None, text: bool = True):
-    """The phase-controlled prompts (torch format) for the task the model was trained on (`task_kwargs`: default
-    `eval_task_kwargs(data_cfg)`); for the LM mix with held-out text before the records, as in training
-    (text=False: the plain protocol prompts)."""
-    from phasefix.data import make_phase_eval
-    from phasefix.data.lm_mix import LMMixConfig, add_text_context
-
-    kw = eval_task_kwargs(data_cfg) if task_kwargs is None else task_kwargs
-    ds = make_phase_eval(task, padding, period=period, per_residue=per_residue, seed=seed, **kw)
-    if text and isinstance(data_cfg, LMMixConfig):
-        ds = add_text_context(ds, data_cfg, period, seed)
-    return ds.with_format("torch")
-
-
-def eval_task_kwargs(data_cfg) -> dict:
-    """`make_phase_eval` options that evaluate the task the model was trained on (sizes, vocabulary, filler)."""
-    return dict(num_records=data_cfg.num_records, num_demos=min(data_cfg.num_demos, data_cfg.num_records - 1),
-                num_keys=data_cfg.num_keys, num_values=data_cfg.num_values, num_filler=data_cfg.num_filler,
-                max_pad=data_cfg.max_prefix_pad)
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -218,7 +167,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     t_start = time.time()
 
     # data first: a broken data config must not leave a half-written run behind
-    train_set = train_dataset(data_cfg, "train", cfg.seed).with_format("torch")
+    train_data = train_set(data_cfg, "train", cfg.seed).with_format("torch")
     val_sets = {pad: eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.val_per_residue, cfg.eval.seed + 1)
                 for pad in cfg.eval.paddings}
 
@@ -255,7 +204,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                     if cfg.get("mitigation") else None,
                                     paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
                                     **(data_cfg.text_loss if is_lm_mix else {}))
-            data = RetrievalDataModule(train_set, val_sets, batch_size=cfg.trainer.batch_size,
+            data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
                                        eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                        max_steps=cfg.trainer.max_steps)
             logger = RunLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
@@ -286,7 +235,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             train_seconds = before_seconds + (time.time() - t_fit)
 
             # the final phase evaluation, on fresh prompts with intervals
-            from phasefix.evaluate import evaluate_phase
+            from phasefix.predict import evaluate_phase
 
             model = module.model.eval()
             results = {}
@@ -298,7 +247,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
             summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
             if is_lm_mix:
-                val_text = train_dataset(data_cfg, "val", cfg.seed).with_format("torch")
+                val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
                 tracking.log_metric_values(c, run_id, {"final/lm_loss": summary["lm_loss"]})
             log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
@@ -377,16 +326,12 @@ def print_summary(summary: dict) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m phasefix.fit`: 0 done, 2 a bad config (one line, nothing written), 130 interrupted (Ctrl-C)."""
+    """`python -m phasefix.fit`: 0 done, 2 a bad config (one line, nothing written), 130 interrupted (Ctrl-C: the
+    line saying how to resume)."""
     from phasefix import cli
 
     def work(cfg: DictConfig) -> int:
-        try:
-            summary = fit(cfg)  # fit validates everything (plan) before it writes anything
-        except KeyboardInterrupt as e:
-            print(str(e) or "interrupted", file=sys.stderr)
-            return 130
-        print_summary(summary)
+        print_summary(fit(cfg))  # fit validates everything (plan) before it writes anything
         return 0
 
     return cli.run("fit", argv, work)

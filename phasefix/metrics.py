@@ -123,6 +123,19 @@ def detect_period(curve: np.ndarray, tol: float = 0.5) -> int:
     return period
 
 
+def fft_period(curve: np.ndarray) -> float:
+    """The period (in samples) of the strongest Fourier component of a curve after removing its linear trend (a
+    drift over filler lengths is not a period); nan if nothing is left."""
+    x = np.asarray(curve, dtype=np.float64)
+    t = np.arange(x.size)
+    x = x - np.polyval(np.polyfit(t, x, 1), t) if x.size >= 2 else x - x.mean()
+    if x.size < 4 or not np.any(np.abs(x) > 1e-12):
+        return float("nan")
+    power = np.abs(np.fft.rfft(x))[1:]
+    k = int(np.argmax(power)) + 1
+    return float(x.size / k)
+
+
 @contextmanager
 def _quiet_nan_warnings():
     """All-nan slices are expected (empty residues); numpy's RuntimeWarnings about them are noise here."""

@@ -18,6 +18,7 @@ from phasefix.metrics import PhaseAccuracy
 from phasefix.mitigations import build_mitigations
 from phasefix.mitigations.gates import effective_slots, static_gate_distribution
 from phasefix.model import CompressedQwen3, ModelConfig
+from phasefix.predict import query_predictions
 from phasefix.tracking import phase_metric
 
 
@@ -110,7 +111,7 @@ class PhaseFixModule(L.LightningModule):
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         if batch_idx == 0 and dataloader_idx == 0:
             self._gate_probe = batch["input_ids"][:64]
-        correct = query_correct(self.model, batch)
+        correct = query_predictions(self.model, batch["input_ids"], batch["query_pos"]) == batch["answer"]
         self.val_acc[dataloader_idx].update(correct, batch["residue"], batch["cluster"])
 
     def on_validation_epoch_end(self):
@@ -157,14 +158,6 @@ def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weig
     is_text = labels >= text_label_start
     retrieval, text = nll[(labels != -100) & ~is_text].mean(), nll[is_text].mean()
     return retrieval + lm_weight * text, {"retrieval_loss": retrieval, "text_loss": text}
-
-
-@torch.no_grad()
-def query_correct(model, batch) -> torch.Tensor:
-    """Full-vocabulary top-1 at each prompt's query position: [B] bool."""
-    logits = model(batch["input_ids"])  # [B, T, V]
-    at_query = logits[torch.arange(logits.shape[0], device=logits.device), batch["query_pos"]]
-    return at_query.argmax(-1) == batch["answer"]
 
 
 class StepBatchSampler(Sampler):

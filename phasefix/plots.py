@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, boundary_residues  # noqa: E402
-from phasefix.config import PADDINGS  # noqa: E402
+from phasefix.data.layout import PADDINGS  # noqa: E402
 
 
 def save(fig, path: str | Path) -> None:

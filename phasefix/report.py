@@ -38,7 +38,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from phasefix.config import PADDINGS
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 
 KINDS = ("fit", "evaluate")

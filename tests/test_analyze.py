@@ -150,8 +150,12 @@ def test_helpers():
     assert parse_shifts("-3..3") == [-3, -2, -1, 0, 1, 2, 3] and parse_shifts("0,4") == [0, 4]
     with pytest.raises(ConfigError):
         parse_shifts("a..b")
-    with pytest.raises(ConfigError, match="not an option"):
+    with pytest.raises(ConfigError, match="unknown key bogus"):
         parse_options(["run=x", "bogus=1"])
+    with pytest.raises(ConfigError, match="unknown key per_residu; did you mean per_residue"):
+        parse_options(["run=x", "per_residu=1"])
+    with pytest.raises(ConfigError, match="include is not an option of analyze knockout run="):
+        parse_options(["knockout", "run=x", "include=all"])
     with pytest.raises(ConfigError, match="run"):
         parse_options([])
     np.testing.assert_allclose(accuracy_by(np.array([1, 0, 1, 1]), np.array([0, 0, 1, 2]), 4), [0.5, 1, 1, np.nan])

@@ -222,7 +222,7 @@ def hf_dir(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from phasefix.text_prompts import ANIMALS, FILLER, HEADERS, NAMES
+    from phasefix.data.text_prompts import ANIMALS, FILLER, HEADERS, NAMES
 
     rng = random.Random(0)
     corpus = list(HEADERS.values()) + [" ".join(FILLER)]

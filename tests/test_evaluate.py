@@ -1,6 +1,6 @@
 """`phasefix.evaluate` on a tiny random Hugging Face Qwen3 with a tokenizer trained here, and on a phasefix checkpoint.
 
-Residue groups and positions are recomputed independently of `phasefix.text_prompts`: the target key is read off
+Residue groups and positions are recomputed independently of `phasefix.data.text_prompts`: the target key is read off
 the decoded last line of the prompt, re-tokenised from the word lists' templates, and searched for in the ids.
 """
 from __future__ import annotations
@@ -13,10 +13,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from phasefix.data.text_prompts import (ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe,
+                                        TextPhaseSet, spread_positions)
 from phasefix.errors import ConfigError
-from phasefix.evaluate import evaluate, logits_at, main
-from phasefix.text_prompts import (ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe, TextPhaseSet,
-                                   spread_positions)
+from phasefix.evaluate import evaluate, main
+from phasefix.predict import logits_at
 
 PERIOD = 24
 
@@ -262,8 +263,8 @@ def _save_fit_run(run_dir, cfg):
 
 
 def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
-    from phasefix.data import make_phase_eval
-    from phasefix.fit import compose, eval_task_kwargs
+    from phasefix.data import eval_task_kwargs, make_phase_eval
+    from phasefix.fit import compose
 
     cfg = compose(["data=lm_mix", "model.vocab_size=384", "data.text_before=16"])
     run_dir = tmp_path / "lmrun"
@@ -282,7 +283,8 @@ def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
 
 
 @pytest.mark.parametrize("args,key", [(["task=kv_lookup"], "model="), (["model=/nonexistent", "task=kv_lookup"], "model="),
-                                      (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "option=")])
+                                      (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "unknown key colour"),
+                                          (["model=x", "task=flip", "per_residu=1"], "did you mean per_residue?")])
 def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):
     assert main(args + [f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]  # MLflow may log too

@@ -5,8 +5,9 @@ phase-controlled evaluation task the model was trained on (from the run's `confi
 metrics `analyze/<tool>/<padding>/...` and a figure `analyze/<tool>.png` (`analyze/<tool>-<padding>.png` for
 paddings other than prefix) into the same MLflow run.
 
-This module holds what the tools share: the run context (`load_run`), the options (`OPTIONS`, `parse_options`),
-evaluation sets and per-prompt correctness (`eval_set`, `predict_correct`), accuracy by residue and by phase.
+A Hydra app: the keys and defaults are `phasefix.config.AnalyzeConfig` (conf/analyze.yaml, `--help` lists them).
+This module holds what the tools share: the run context (`load_run`), the options (`parse_options`),
+evaluation sets (`eval_set`), accuracy by residue and by phase. Per-prompt correctness is `phasefix.predict`.
 """
 from __future__ import annotations
 
@@ -17,62 +18,38 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from omegaconf import DictConfig
 
 from phasefix.errors import ConfigError, check
 
-TOOLS = ("knockout", "gates", "cycle", "period", "confusions")
-
-# key -> (default, parser, help). `None` defaults are filled from the run (eval seed) or left unset.
-OPTIONS: dict[str, tuple] = {
-    "run": (None, str, "MLflow run id (or a unique prefix), run output directory or .ckpt path (required)"),
-    "tracking_uri": (None, str, "MLflow tracking URI (default: the run's, else MLFLOW_TRACKING_URI/the project's)"),
-    "which": ("last", str, "checkpoint of a run directory / run id: last or best"),
-    "padding": ("prefix", str, "prefix, in_sequence or both"),
-    "per_residue": (24, int, "prompts per residue group"),
-    "seed": (None, int, "evaluation seed (default: the run's eval.seed)"),
-    "calib_seed": (None, int, "knockout: seed of the calibration set (default: seed + 2, disjoint prompts)"),
-    "batch_size": (128, int, "prompts per forward pass"),
-    "n_boot": (500, int, "cluster-bootstrap replicates (cycle, period)"),
-    "shifts": ("-3..3", str, "cycle: gate shifts d, as 'a..b' or 'a,b,c'"),
-    "max_prompts": (512, int, "gates: prompts the gate statistics average over"),
-    "log": (True, bool, "log metrics and the figure into the MLflow run"),
-    "out": (None, str, "also save the figure as <out>/<tool>[-<padding>].png"),
-    "threads": (None, int, "torch threads (default: torch's)"),
-}
+TOOLS = ("knockout", "gates", "cycle", "period", "confusions")  # on a trained run (run=); `audit`: audit.py
 
 
-def _parse_bool(v: str) -> bool:
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(v)
+def tool_options(cfg: DictConfig, kind: str) -> dict:
+    """The options of the mechanism tools (kind 'run') or of the audit ('audit') from the composed config, with the
+    defaults that depend on the kind filled in; ConfigError naming a key set that this kind does not take."""
+    from phasefix.config import AnalyzeConfig
 
-
-def parse_key_values(args: Sequence[str], options: dict, where: str = "") -> dict:
-    """`key=value` arguments -> {key: typed value} over `options` {key: (default, type, help)}; ConfigError on an
-    unknown key or a value of the wrong type. `where` names the command in the unknown-key message."""
-    opts = {k: d for k, (d, _, _) in options.items()}
-    for arg in args:
-        key, eq, value = arg.partition("=")
-        if not eq:
-            raise ConfigError(f"argument {arg!r} is invalid: expected key=value with key in {', '.join(options)}")
-        if key not in options:
-            raise ConfigError(f"{key} is not an option{' of ' + where if where else ''}: allowed keys are "
-                              f"{', '.join(options)}")
-        kind = options[key][1]
-        try:
-            opts[key] = _parse_bool(value) if kind is bool else kind(value)
-        except ValueError:
-            raise ConfigError(f"{key}={value!r} is invalid: must be {kind.__name__}") from None
+    fields = dataclasses.fields(AnalyzeConfig)
+    allowed = [f.name for f in fields if kind in f.metadata["tools"].split(",")]
+    opts = {}
+    for f in fields:
+        value = cfg[f.name]
+        if f.name not in allowed:
+            if value != f.default:
+                where = f"analyze {cfg.tool} {'run=' if kind == 'run' else 'model='}"
+                raise ConfigError(f"{f.name} is not an option of {where}: allowed keys are {', '.join(allowed)}")
+            continue
+        opts[f.name] = f.metadata.get(kind) if value is None else value
     return opts
 
 
-def parse_options(args: Sequence[str]) -> dict:
-    """`key=value` arguments -> options with defaults; ConfigError on an unknown key or a bad value."""
-    opts = parse_key_values(args, OPTIONS)
+def parse_options(args) -> dict:
+    """The options of a mechanism tool (key=value words, a mapping or the composed config), with defaults;
+    ConfigError on an unknown key or a bad value."""
+    from phasefix.cli import options
+
+    opts = tool_options(options(args, "analyze", "tool"), "run")
     check(opts["run"] is not None, "run", None, "is required: an MLflow run id, a run output directory or a .ckpt")
     check(opts["padding"] in ("prefix", "in_sequence", "both"), "padding", opts["padding"],
           "allowed values are 'prefix', 'in_sequence', 'both'")
@@ -125,7 +102,8 @@ def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> 
     unique prefix of one, a run output directory, a .ckpt path, last)."""
     from omegaconf import OmegaConf
 
-    from phasefix import fit as F
+    from phasefix.cli import compose
+    from phasefix.data import data_config
     from phasefix.run import Run
 
     r = Run.open(run, tracking_uri)
@@ -134,8 +112,8 @@ def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> 
     if cfg is None:
         warnings.warn(f"no config.yaml beside {r.checkpoint(which)}: evaluating on the default data config",
                       stacklevel=2)
-        cfg = F.compose([])
-    data_cfg = F.data_config(OmegaConf.to_container(cfg.data, resolve=True))
+        cfg = compose([])
+    data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     model = module.model.eval()
     return RunContext(module=module, model=model, config=model.config, hparams=hp, period=int(hp["period"]),
                       data_cfg=data_cfg, eval_seed=int(cfg.eval.seed), output_dir=r.dir,
@@ -144,40 +122,12 @@ def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> 
 
 def eval_set(ctx: RunContext, padding: str, per_residue: int, seed: int):
     """The prompts `phasefix.fit` evaluates this run on (for the LM mix: with held-out text before the records)."""
-    from phasefix.fit import eval_set as fit_eval_set
+    from phasefix.data import eval_set as data_eval_set
 
-    return fit_eval_set(ctx.data_cfg, padding, ctx.period, per_residue, seed)
+    return data_eval_set(ctx.data_cfg, padding, ctx.period, per_residue, seed)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-@dataclasses.dataclass
-class Outcome:
-    """Per-prompt results of one evaluation: correct [n] bool, residue [n], cluster [n], pred [n] (the top-1 token)
-    (numpy)."""
-
-    correct: np.ndarray
-    residue: np.ndarray
-    cluster: np.ndarray
-    pred: np.ndarray | None = None  # predict_correct fills it (the knockout pass does not need it)
-
-
-@torch.no_grad()
-def predict_correct(model, dataset, batch_size: int = 128) -> Outcome:
-    """Top-1 correctness at `query_pos` of every prompt, in dataset order."""
-    device = next(model.parameters()).device
-    correct, residue, cluster, preds = [], [], [], []
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        logits = model(batch["input_ids"].to(device))
-        rows = torch.arange(logits.shape[0], device=device)
-        pred = logits[rows, batch["query_pos"].to(device)].argmax(-1).cpu()
-        preds.append(pred.numpy())
-        correct.append((pred == batch["answer"]).numpy())
-        residue.append(batch["residue"].numpy())
-        cluster.append(batch["cluster"].numpy())
-    return Outcome(np.concatenate(correct), np.concatenate(residue).astype(np.int64),
-                   np.concatenate(cluster).astype(np.int64), np.concatenate(preds))
-
-
 def accuracy_by(correct: np.ndarray, groups: np.ndarray, n: int) -> np.ndarray:
     """Mean of `correct` per group 0..n-1 (nan where a group is empty)."""
     k = np.bincount(groups, weights=np.asarray(correct, dtype=np.float64), minlength=n)
@@ -244,5 +194,5 @@ def fmt(x, width: int = 7, digits: int = 3) -> str:
     return f"{'nan':>{width}}" if x != x else f"{x:>{width}.{digits}f}"
 
 
-__all__ = ["OPTIONS", "TOOLS", "Outcome", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results",
-           "nanmean", "parse_options", "parse_shifts", "predict_correct", "relative_change"]
+__all__ = ["TOOLS", "RunContext", "accuracy_by", "eval_set", "load_run", "log_results", "nanmean",
+           "parse_options", "parse_shifts", "relative_change", "tool_options"]

@@ -47,39 +47,8 @@ INCLUDE = ("main", "all")
 READINGS = ("answer", "slot")
 TASKS = ("kv_lookup", "needle")
 
-# key -> (default, parser, help)
-OPTIONS: dict[str, tuple] = {
-    "model": (None, str, "a Hugging Face DeepSeek-V4 directory, or a phasefix run (MLflow run id, output dir, .ckpt)"),
-    "period": (None, int, "evaluation period P the phase mass is folded to (default 24; a phasefix run: its own)"),
-    "include": ("main", str, "compressors in the model's prediction: main (CSA, HCA; phasefix key+value) or all"),
-    "reading": ("answer", str, "phasefix runs: answer (the target-key phase a slot can answer: key slot i, value slot "
-                "i-1) or slot (the phase of the token it holds)"),
-    "calibrate": (False, bool, "also measure E[a] with hooked forward passes over the phase-controlled prompts"),
-    "per_residue": (4, int, "prompts per residue group (calibration; audit: the evaluation)"),
-    "max_prompts": (96, int, "calibration: prompts the gate statistics average over"),
-    "batch_size": (8, int, "prompts per forward pass"),
-    "seed": (0, int, "prompt seed"),
-    "task": ("kv_lookup", str, "audit: kv_lookup or needle"),
-    "padding": ("prefix", str, "audit: prefix, in_sequence or both"),
-    "n_boot": (200, int, "audit: cluster-bootstrap replicates of the evaluation"),
-    "max_length": (None, int, "audit/calibration (Hugging Face): prompt length in tokens"),
-    "which": ("last", str, "checkpoint of a phasefix run: last or best"),
-    "device": (None, str, "cuda if available, else cpu"),
-    "dtype": ("float32", str, "float32, bfloat16 or float16 (forward passes)"),
-    "tracking_uri": (None, str, "MLflow tracking URI (default: MLFLOW_TRACKING_URI or the project's)"),
-    "experiment": ("phasefix", str, "MLflow experiment"),
-    "run_name": (None, str, "MLflow run name"),
-    "log": (True, bool, "create an MLflow run with the metrics, CSV and figures"),
-    "out": (None, str, "output directory (default outputs/<date>/<time>-<tool>-<model>)"),
-    "threads": (None, int, "torch threads"),
-    "progress": (False, bool, "progress bars in the evaluation"),
-}
-
-
-def parse_options(args: Sequence[str], tool: str = "gates") -> dict:
-    from phasefix.analyze import parse_key_values
-
-    opts = parse_key_values(args, OPTIONS, f"analyze {tool} model=")
+def validate(opts: dict) -> dict:
+    """The audit's options (`analyze.tool_options(cfg, "audit")`), checked (keys: `phasefix.config.AnalyzeConfig`)."""
     check(opts["model"] not in (None, ""), "model", opts["model"],
           "is required: a Hugging Face DeepSeek-V4 directory or a phasefix run (run id, output directory, .ckpt)")
     check_choice("include", opts["include"], INCLUDE)
@@ -429,7 +398,7 @@ def calibrate(source: Source, opts: dict) -> dict[str, torch.Tensor]:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from phasefix.text_prompts import TextPhaseSet
+    from phasefix.data.text_prompts import TextPhaseSet
 
     path = Path(source.spec)
     try:
@@ -611,15 +580,12 @@ def _log(opts: dict, tool: str, result: dict, extra_scalars: Mapping = {}, extra
 
     source = result["source"]
     c = tracking.client(opts["tracking_uri"])
-    exp = tracking.get_or_create_experiment(c, opts["experiment"])
     run_tags = {"phasefix.kind": "audit", "audit.tool": tool, "model": source.name, "source": source.spec,
-                "period": str(result["period"]), "git_commit": tracking.git_commit(),
-                "output_dir": str(result["out"].resolve()), **tags}
+                "period": str(result["period"]), "output_dir": str(result["out"].resolve()), **tags}
     if source.kind == "phasefix" and source.ctx.run_id:
         run_tags["phasefix.source_run"] = source.ctx.run_id
-    run_id = c.create_run(exp, run_name=opts["run_name"] or f"{tool}-{source.name}", tags=run_tags).info.run_id
-    status = "FAILED"
-    try:
+    run_id = tracking.create_run(c, opts["experiment"], opts["run_name"] or f"{tool}-{source.name}", run_tags)
+    with tracking.running(c, run_id):
         tracking.log_params(c, run_id, {k: v for k, v in opts.items() if v is not None})
         scalars, curves = _metrics("audit", result["biases"], result["stats"])
         ms, mc = _model_metrics("audit/model", result["model"])
@@ -633,16 +599,13 @@ def _log(opts: dict, tool: str, result: dict, extra_scalars: Mapping = {}, extra
         scalars.update(extra_scalars)
         curves.update(extra_curves)
         tracking.log_metric_values(c, run_id, scalars, curves)
-        c.log_artifact(run_id, str(result["csv"]))
+        tracking.log_files(c, run_id, [result["csv"]])
         tracking.log_figure(c, run_id, result["figure"], "gates_audit.png")
         for path, fig in figures.items():
             tracking.log_figure(c, run_id, fig, path)
         summary = summary_json(result)
         tracking.write_json(result["out"] / "audit.json", summary)
-        c.log_artifact(run_id, str(result["out"] / "audit.json"))
-        status = "FINISHED"
-    finally:
-        c.set_terminated(run_id, status=status)
+        tracking.log_files(c, run_id, [result["out"] / "audit.json"])
     print(f"logged to MLflow run {run_id} ({c.tracking_uri})")
     return run_id
 
@@ -701,7 +664,7 @@ def audit(opts: dict) -> dict:
     stride = result["model"]["phase_period"]
     pads = ["prefix", "in_sequence"] if opts["padding"] == "both" else [opts["padding"]]
     ev = {"model": source.spec if source.kind == "hf" else str(opts["model"]), "task": opts["task"], "period": P,
-          "stride": stride, "padding": ",".join(pads), "per_residue": opts["per_residue"], "n_boot": opts["n_boot"],
+          "stride": stride, "padding": pads, "per_residue": opts["per_residue"], "n_boot": opts["n_boot"],
           "seed": opts["seed"], "batch_size": opts["batch_size"], "dtype": opts["dtype"], "progress": opts["progress"],
           "experiment": opts["experiment"], "out": str(result["out"] / "evaluate")}
     for key in ("device", "tracking_uri", "max_length"):
@@ -762,9 +725,9 @@ def write_summary(result: dict) -> None:
     tracking.write_json(result["out"] / "audit.json", summary_json(result))
 
 
-def main(tool: str, args: Sequence[str]) -> dict:
-    """Entry point of `analyze gates model=...` and `analyze audit model=...`."""
-    opts = parse_options(args, tool)
+def main(tool: str, opts: dict) -> dict:
+    """Entry point of `analyze gates model=...` and `analyze audit model=...` (`opts`: `analyze.tool_options`)."""
+    opts = validate(opts)
     if opts["threads"] is not None:
         torch.set_num_threads(opts["threads"])
     if tool == "audit":
@@ -776,16 +739,11 @@ def main(tool: str, args: Sequence[str]) -> dict:
     return result
 
 
-def usage() -> str:
-    opts = "\n".join(f"  {k:<13} {h}" + ("" if d is None else f" (default: {d})") for k, (d, _, h) in OPTIONS.items())
-    return (__doc__ or "") + "\nOptions (key=value):\n" + opts + "\n"
-
-
-def wants_audit(tool: str, args: Sequence[str]) -> bool:
+def wants_audit(cfg) -> bool:
     """`gates model=...` (not `run=`) and every `audit` go to this module."""
-    return tool == "audit" or (tool == "gates" and any(a.startswith("model=") for a in args))
+    return cfg.tool == "audit" or (cfg.tool == "gates" and cfg.model is not None)
 
 
-__all__ = ["GateBias", "OPTIONS", "audit", "calibrate", "compare", "fold", "gates_audit", "hf_gate_biases",
+__all__ = ["GateBias", "audit", "calibrate", "compare", "fold", "gates_audit", "hf_gate_biases",
            "hf_gate_means", "load_source", "main", "model_prediction", "pearson", "phase_stats",
-           "phasefix_gate_biases", "predict", "read_compressor_tensors", "state_tensors", "wants_audit"]
+           "phasefix_gate_biases", "predict", "read_compressor_tensors", "state_tensors", "validate", "wants_audit"]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from phasefix.analyze import RunContext, eval_set, fmt, log_results, predict_correct
+from phasefix.analyze import RunContext, eval_set, fmt, log_results
+from phasefix.predict import predict
 
 CATEGORIES = ("block", "next", "record", "other")
 
@@ -45,7 +46,7 @@ def run(ctx: RunContext, opts: dict) -> dict:
     results = {}
     for pad in ctx.paddings(opts["padding"]):
         ds = eval_set(ctx, pad, opts["per_residue"], seed)
-        out = predict_correct(ctx.model, ds, opts["batch_size"])
+        out = predict(ctx.model, ds, opts["batch_size"])
         wrong = ~out.correct
         cols = ds.with_format("numpy")[:]
         target_pos = np.asarray(cols["target_pos"])

@@ -16,11 +16,11 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from phasefix.analyze import (RunContext, accuracy_by, eval_set, fmt, log_results, nanmean, parse_shifts,
-                              predict_correct)
+from phasefix.analyze import RunContext, accuracy_by, eval_set, fmt, log_results, nanmean, parse_shifts
 from phasefix.analyze.gates import check_gated
 from phasefix.errors import ConfigError
 from phasefix.metrics import cluster_bootstrap_curves
+from phasefix.predict import predict
 
 GATE_PARAMS = ("gate", "gate_bias", "slot_prior")  # per branch: {branch}_{name}, slot along dim 0
 
@@ -107,7 +107,7 @@ def cycle(model, dataset, shifts, stride: int, period: int, n_boot: int = 500, b
     outcomes = {}
     for dm in distinct:
         with cycled(model, dm):
-            outcomes[dm] = predict_correct(model, dataset, batch_size)
+            outcomes[dm] = predict(model, dataset, batch_size)
     phase = {dm: accuracy_by(o.correct, o.residue % stride, stride) for dm, o in outcomes.items()}
     residue = {dm: accuracy_by(o.correct, o.residue, period) for dm, o in outcomes.items()}
     nonzero = {dm: phase[dm] for dm in distinct if dm != 0}

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from phasefix.analyze import (Outcome, RunContext, accuracy_by, eval_set, fmt, log_results, nanmean,
-                              predict_correct, relative_change)
+from phasefix.analyze import RunContext, accuracy_by, eval_set, fmt, log_results, nanmean, relative_change
+from phasefix.predict import Outcome, predict
 
 
 def query_heads(config, kv_head: int) -> range:
@@ -78,23 +78,11 @@ def knocked_out(model, layer: int, kv_head: int, mean: torch.Tensor, query_pos: 
         handle.remove()
 
 
-@torch.no_grad()
 def predict_with_knockout(model, dataset, layer: int, kv_head: int, mean: torch.Tensor,
                           batch_size: int = 128) -> Outcome:
-    device = next(model.parameters()).device
     state: dict = {}
-    correct, residue, cluster = [], [], []
     with knocked_out(model, layer, kv_head, mean, state):
-        for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-            qp = batch["query_pos"].to(device)
-            state["pos"] = qp
-            logits = model(batch["input_ids"].to(device))
-            pred = logits[torch.arange(logits.shape[0], device=device), qp].argmax(-1).cpu()
-            correct.append((pred == batch["answer"]).numpy())
-            residue.append(batch["residue"].numpy())
-            cluster.append(batch["cluster"].numpy())
-    return Outcome(np.concatenate(correct), np.concatenate(residue).astype(np.int64),
-                   np.concatenate(cluster).astype(np.int64))
+        return predict(model, dataset, batch_size, on_batch=lambda batch: state.update(pos=batch["query_pos"]))
 
 
 def knockout(model, dataset, calibration, period: int, stride: int, batch_size: int = 128) -> dict:
@@ -105,7 +93,7 @@ def knockout(model, dataset, calibration, period: int, stride: int, batch_size: 
     base is 0)."""
     cfg = model.config
     L, HKV = cfg.num_layers, cfg.num_kv_heads
-    base = predict_correct(model, dataset, batch_size)
+    base = predict(model, dataset, batch_size)
     means = calibration_means(model, calibration, batch_size)
     acc = np.zeros((L, HKV, period))
     acc_phase = np.zeros((L, HKV, stride))

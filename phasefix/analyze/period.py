@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from phasefix.analyze import RunContext, eval_set, log_results
-from phasefix.evaluate import evaluate_phase
+from phasefix.predict import evaluate_phase
 from phasefix.metrics import shift_difference
 
 PERIOD_TOL = 0.5  # PhaseAccuracy's default period_tol

@@ -9,9 +9,7 @@ The target is a record that is never demonstrated; the prompt ends with its key 
 position) is where the model must predict ``answer`` (the target's value; for needle its first value token).
 ``target_pos`` is the position of the target key's first token among the records, ``residue = target_pos % period``.
 
-Padding: "prefix" puts the filler in two blocks, before the records (g_0 = p) and after them (g_R = G - p), so all
-records shift together; "in_sequence" spreads it randomly over all R + 1 gaps, so distractors do not move in
-lockstep with the target.
+Padding (prefix, in_sequence) and the layout itself: `phasefix.data.layout`, shared with the text prompts.
 
 Balance: every residue group has ``per_residue`` samples with the same prompt length and query position, and target
 positions whose mean and variance agree across groups (see ``balanced_positions`` for when this is exact).
@@ -25,15 +23,12 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset
 
+from phasefix.data.layout import PADDINGS, default_max_pad, layout_prompt, target_window
 from phasefix.data.retrieval import arrays_to_dataset, cached_dataset
 from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import ConfigError, check, check_choice
 
 TASKS = ("kv_lookup", "needle")
-# Target positions must span this many periods: with fewer, some residue groups hold only two or three distinct
-# positions and their variances cannot be matched (for 96 per residue, 4 periods give std within 1%).
-MIN_SPAN_PERIODS = 4
-PADDINGS = ("prefix", "in_sequence")
 TASK_DEFAULTS = {
     # The paper's animal-to-name lookup: 64 single-token records, 8 demonstrations, then the target key.
     "kv_lookup": dict(num_records=64, num_demos=8, num_keys=64, num_values=64, num_filler=16, max_pad=None,
@@ -86,8 +81,7 @@ class _TaskSpec:
         check(distinct_keys >= num_records, "num_keys", num_keys,
               f"must give >= num_records={num_records} distinct keys (num_keys ** {self.key_len} = {distinct_keys})")
         if max_pad is None:
-            # Enough filler that target positions span MIN_SPAN_PERIODS periods (few records need more filler).
-            max_pad = max(period - 1, MIN_SPAN_PERIODS * period - 1 - self.rec_len * (num_records - 1))
+            max_pad = default_max_pad(period, self.rec_len, num_records)
         # Every residue needs a reachable target position: the filler must cover a record's length.
         check(isinstance(max_pad, int) and max_pad >= self.rec_len - 1, "max_pad", max_pad,
               f"must be an integer >= {self.rec_len - 1} (record length - 1)")
@@ -95,21 +89,7 @@ class _TaskSpec:
         self.R, self.D, self.G = num_records, num_demos, max_pad
         self.vocab = RetrievalVocab(num_keys, num_values, num_filler)
         self.length = 1 + max_pad + self.rec_len * (num_records + num_demos) + self.key_len
-
-        # Target key positions reachable: 1 + rec_len * j + (filler before record j), j < R, filler in [0, G].
-        lo, hi = 1, max_pad + self.rec_len * (num_records - 1) + 1
-        if task == "needle":
-            check(target_span is None or (isinstance(target_span, int) and target_span >= 1), "target_span",
-                  target_span, "must be an integer >= 1 or null")
-            span = target_span if target_span is not None else 8 * period
-            mid = (lo + hi) // 2
-            lo, hi = max(lo, mid - span // 2), min(hi, mid - span // 2 + span - 1)
-        else:
-            check(target_span is None, "target_span", target_span, "applies to task='needle' only")
-        check(hi - lo + 1 >= MIN_SPAN_PERIODS * period, "max_pad" if task == "kv_lookup" else "target_span",
-              max_pad if task == "kv_lookup" else target_span,
-              f"leaves target positions spanning {hi - lo + 1} tokens: need >= {MIN_SPAN_PERIODS} * period = "
-              f"{MIN_SPAN_PERIODS * period} (raise it or num_records, or lower period)")
+        lo, hi = target_window(task, 1, self.rec_len, num_records, max_pad, period, target_span)
         self.lo, self.hi = lo, hi
 
     def build(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -140,26 +120,11 @@ class _TaskSpec:
         return records, 1 + rng.permutation(self.R - 1)[:self.D]
 
     def _prompt(self, records: np.ndarray, demo_tokens: np.ndarray, x: int, rng: np.random.Generator):
-        """One prompt with the target key (records[0]) at position x."""
-        R, G, L = self.R, self.G, self.rec_len
-        # Target record index j: the filler before it, x - 1 - L*j, must lie in [0, G].
-        j = rng.integers(max(0, -((G - x + 1) // L)), min(R - 1, (x - 1) // L) + 1)
-        before = x - 1 - L * j
-        if self.padding == "prefix":
-            gaps = np.zeros(R + 1, dtype=np.int64)
-            gaps[0], gaps[R] = before, G - before
-        else:
-            gaps = np.concatenate([rng.multinomial(before, np.full(j + 1, 1.0 / (j + 1))),
-                                   rng.multinomial(G - before, np.full(R - j, 1.0 / (R - j)))])
-        order = np.concatenate([np.arange(1, j + 1), [0], np.arange(j + 1, R)])
-        starts = 1 + L * np.arange(R) + np.cumsum(gaps[:R])
-        ids = self.vocab.filler_token(rng.integers(0, self.vocab.num_filler, self.length))
-        ids[0] = self.vocab.bos
-        ids[starts[:, None] + np.arange(L)] = records[order]
-        demo_start = 1 + G + L * R
-        ids[demo_start:demo_start + demo_tokens.size] = demo_tokens
-        ids[-self.key_len:] = records[0, :self.key_len]
-        assert starts[j] == x
+        """One prompt with the target key (records[0]) at position x, and its answer."""
+        v = self.vocab
+        ids = layout_prompt(records, demo_tokens, x, rng, header=np.array([v.bos]),
+                            filler=v.filler_token(np.arange(v.num_filler)), max_pad=self.G, length=self.length,
+                            query_len=self.key_len, padding=self.padding)
         return ids, records[0, self.key_len]
 
 

@@ -1,7 +1,8 @@
 """Phase-controlled prompts as text, through any Hugging Face tokenizer (used by `phasefix.evaluate`).
 
-The layout mirrors `phasefix.data.phase_eval` (science.md section 4), with tokens replaced by rendered text pieces.
-Every piece is tokenised on its own and the ids are concatenated, so token positions are known exactly:
+The layout is `phasefix.data.layout`'s, as for the synthetic prompts (science.md section 4), with tokens replaced by
+rendered text pieces. Every piece is tokenised on its own and the ids are concatenated, so token positions are known
+exactly:
 
     header, filler and R records (gaps g_0 .. g_R, sum G), D demonstrations, the target key and separator
 
@@ -28,7 +29,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from phasefix.data.phase_eval import MIN_SPAN_PERIODS, PADDINGS, balanced_positions
+from phasefix.data.layout import MIN_SPAN_PERIODS, PADDINGS, default_max_pad, layout_prompt, target_window
+from phasefix.data.phase_eval import balanced_positions
 from phasefix.errors import ConfigError, check, check_choice
 
 TEXT_TASKS = ("kv_lookup", "needle")
@@ -198,26 +200,12 @@ class TextPhaseSet:
               f"must be <= {self.num_distinct_keys}, the distinct keys this tokenizer renders at equal length")
         G = kw["max_pad"]
         if G is None:
-            G = max(period - 1, MIN_SPAN_PERIODS * period - 1 - L * (R - 1))
+            G = default_max_pad(period, L, R)
         check(isinstance(G, int) and G >= L - 1, "max_pad", G, f"must be an integer >= {L - 1} (record length - 1)")
         self.R, self.D, self.G = R, D, G
         self.length = H + G + L * (R + D) + self.query_len
         self.query_pos = self.length - 1
-
-        lo, hi = H, H + G + L * (R - 1)
-        if task == "needle":
-            span = kw["target_span"]
-            check(span is None or (isinstance(span, int) and span >= 1), "target_span", span,
-                  "must be an integer >= 1 or null")
-            span = span if span is not None else 8 * period
-            mid = (lo + hi) // 2
-            lo, hi = max(lo, mid - span // 2), min(hi, mid - span // 2 + span - 1)
-        else:
-            check(kw["target_span"] is None, "target_span", kw["target_span"], "applies to task='needle' only")
-        check(hi - lo + 1 >= MIN_SPAN_PERIODS * period, "max_pad" if task == "kv_lookup" else "target_span",
-              G if task == "kv_lookup" else kw["target_span"],
-              f"leaves target positions spanning {hi - lo + 1} tokens: need >= {MIN_SPAN_PERIODS} * period = "
-              f"{MIN_SPAN_PERIODS * period} (raise it or num_records, or lower period)")
+        lo, hi = target_window(task, H, L, R, G, period, kw["target_span"])
         self.lo, self.hi = lo, hi
         positions = spread_positions(lo, hi, period, per_residue)  # [period, n]
         rng = np.random.default_rng([seed, 0])
@@ -260,25 +248,8 @@ class TextPhaseSet:
         records, demos = self._mapping(c)
         x = int(self.placement[c, r])
         rng = np.random.default_rng([self.seed, 2, c, r])
-        R, G, L, H = self.R, self.G, self.rec_len, self.header.size
-        # Target record index j: the filler before it, x - H - L*j, must lie in [0, G].
-        j = int(rng.integers(max(0, -((G - x + H) // L)), min(R - 1, (x - H) // L) + 1))
-        before = x - H - L * j
-        if self.padding == "prefix":
-            gaps = np.zeros(R + 1, dtype=np.int64)
-            gaps[0], gaps[R] = before, G - before
-        else:
-            gaps = np.concatenate([rng.multinomial(before, np.full(j + 1, 1.0 / (j + 1))),
-                                   rng.multinomial(G - before, np.full(R - j, 1.0 / (R - j)))])
-        order = np.concatenate([np.arange(1, j + 1), [0], np.arange(j + 1, R)])
-        starts = H + L * np.arange(R) + np.cumsum(gaps[:R])
-        ids = self.filler[rng.integers(0, self.filler.size, self.length)]
-        ids[:H] = self.header
-        ids[starts[:, None] + np.arange(L)] = records[order]
-        demo_start = H + G + L * R
-        ids[demo_start:demo_start + L * self.D] = records[demos].reshape(-1)
-        ids[-self.query_len:] = records[0, :self.query_len]
-        assert starts[j] == x
+        ids = layout_prompt(records, records[demos].reshape(-1), x, rng, header=self.header, filler=self.filler,
+                            max_pad=self.G, length=self.length, query_len=self.query_len, padding=self.padding)
         return dict(input_ids=ids, answer=int(records[0, self.query_len]), target_pos=x, query_pos=self.query_pos,
                     residue=x % P, cluster=c)
 
@@ -337,16 +308,3 @@ class FlipProbe:
                     completions=list(self.completion_text), snippet_start=int(self.head.size + self.start),
                     prompt_length_min=int(self.prompt(self.start).size),
                     prompt_length_max=int(self.prompt(self.start + self.lengths - 1).size))
-
-
-def fft_period(curve: np.ndarray) -> float:
-    """The period (in samples) of the strongest Fourier component of a curve after removing its linear trend (a
-    drift over filler lengths is not a period); nan if nothing is left."""
-    x = np.asarray(curve, dtype=np.float64)
-    t = np.arange(x.size)
-    x = x - np.polyval(np.polyfit(t, x, 1), t) if x.size >= 2 else x - x.mean()
-    if x.size < 4 or not np.any(np.abs(x) > 1e-12):
-        return float("nan")
-    power = np.abs(np.fft.rfft(x))[1:]
-    k = int(np.argmax(power)) + 1
-    return float(x.size / k)

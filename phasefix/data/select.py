@@ -1,0 +1,51 @@
+"""Which data a run trains and is evaluated on, from its `data` config: the one place `fit`, `evaluate` and `analyze`
+turn a config into datasets."""
+from __future__ import annotations
+
+import dataclasses
+
+from phasefix.data.lm_mix import LMMixConfig, add_text_context, make_lm_mix_dataset
+from phasefix.data.phase_eval import make_phase_eval
+from phasefix.data.retrieval import RetrievalConfig, make_train_dataset
+from phasefix.errors import ConfigError, check_choice
+
+DATA_KINDS = ("retrieval", "lm_mix")
+
+
+def data_config(d: dict) -> RetrievalConfig | LMMixConfig:
+    """The data dataclass for `data.kind`: the retrieval task alone, or interleaved with text (`lm_mix`)."""
+    d = dict(d)
+    kind = d.pop("kind", "retrieval")
+    check_choice("data.kind", kind, DATA_KINDS)
+    cls = LMMixConfig if kind == "lm_mix" else RetrievalConfig
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"data.{unknown[0]} is not a data key: allowed keys are {', '.join(sorted(known))}")
+    return cls(**d)
+
+
+def train_set(data_cfg, split: str, seed: int):
+    """The training sequences (split "train"), or held-out ones ("val": the LM mix's text loss)."""
+    if isinstance(data_cfg, LMMixConfig):
+        return make_lm_mix_dataset(data_cfg, split=split, seed=seed)
+    return make_train_dataset(data_cfg, split=split, seed=seed)
+
+
+def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *, task: str = "kv_lookup",
+             task_kwargs: dict | None = None, text: bool = True):
+    """The phase-controlled prompts (torch format) for the task the model was trained on (`task_kwargs`: default
+    `eval_task_kwargs(data_cfg)`); for the LM mix with held-out text before the records, as in training
+    (text=False: the plain protocol prompts)."""
+    kw = eval_task_kwargs(data_cfg) if task_kwargs is None else task_kwargs
+    ds = make_phase_eval(task, padding, period=period, per_residue=per_residue, seed=seed, **kw)
+    if text and isinstance(data_cfg, LMMixConfig):
+        ds = add_text_context(ds, data_cfg, period, seed)
+    return ds.with_format("torch")
+
+
+def eval_task_kwargs(data_cfg) -> dict:
+    """`make_phase_eval` options that evaluate the task the model was trained on (sizes, vocabulary, filler)."""
+    return dict(num_records=data_cfg.num_records, num_demos=min(data_cfg.num_demos, data_cfg.num_records - 1),
+                num_keys=data_cfg.num_keys, num_values=data_cfg.num_values, num_filler=data_cfg.num_filler,
+                max_pad=data_cfg.max_prefix_pad)
