@@ -211,6 +211,49 @@ def test_shipped_studies_compose():
         validate(load_spec(path), deep=False)
 
 
+def test_a_study_continues_on_a_new_storage_from_its_trials_csv(tmp_path, mlflow_db):
+    """A fresh machine has the committed report, not the storage: import_trials rebuilds the finished trials
+    (params as sampled, objectives, constraint values; a pruned row stays pruned and infeasible) and the budget
+    continues from there. Checked against the original storage's own trials."""
+    import csv
+
+    from phasefix.study import run_study
+
+    _, fake = fake_env(tmp_path, "plain")
+    path = write_study(tmp_path, mlflow_db, name="moved", n_trials=4,
+                       constraints=[{"metric": "final/prefix/acc_worst", "max": 0.6}])
+    assert run_study(path, workers=1, fit_fn=fake)["rc"] == 0
+    _, original = load(path)
+    table = tmp_path / "reports" / "moved" / "trials.csv"
+    rows = list(csv.DictReader(open(table)))
+    rows[-1]["state"], rows[-1]["note"] = "PRUNED", "val/prefix/acc_mean=0.01 < 0.1 at step 6"
+    edited = tmp_path / "trials.csv"
+    with open(edited, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    res = run_study(path, n_trials=4, storage=fresh, fit_fn=fake, import_from=edited)
+    assert res["rc"] == 0 and res["counts"]["COMPLETE"] == 3 and res["counts"]["PRUNED"] == 1  # no new trial
+    _, moved = load(path, fresh)
+    for a, b in zip(original.trials, moved.trials):
+        assert b.params == pytest.approx(a.params, rel=1e-5)
+        assert b.distributions == a.distributions
+    for a, b in zip(original.trials[:3], moved.trials[:3]):
+        assert b.state.name == "COMPLETE" and b.values == pytest.approx(a.values, abs=1e-4)
+        assert b.system_attrs == pytest.approx(
+            {k: v for k, v in a.system_attrs.items() if k.startswith("constraints:")}, abs=1e-6)
+    last = moved.trials[3]
+    assert last.state.name == "PRUNED" and last.user_attrs["pruned"].startswith("val/prefix/acc_mean")
+    assert all(v > 0 for k, v in last.system_attrs.items() if k.startswith("constraints:"))
+    assert {t.number for t in moved.best_trials} == {t.number for t in original.best_trials} - {3}
+
+    # rerunning the same command continues the study and no longer imports
+    res = run_study(path, n_trials=6, storage=fresh, fit_fn=fake, import_from=edited)
+    assert res["counts"]["COMPLETE"] + res["counts"]["PRUNED"] == 6 and len(load(path, fresh)[1].trials) == 6
+
+
 # ------------------------------------------------------------------------------------------------ real fits
 def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, mlflow_db, capsys):
     from mlflow.tracking import MlflowClient

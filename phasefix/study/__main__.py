@@ -1,4 +1,5 @@
-"""`python -m phasefix.study spec=studies/<name>.yaml [n_trials=N] [storage=URL] [workers=K] [report=true]`
+"""`python -m phasefix.study spec=studies/<name>.yaml [n_trials=N] [storage=URL] [workers=K] [report=true]
+[import_trials=studies/reports/<name>/trials.csv]`
 
 Multi-objective Optuna studies over `phasefix.fit` (default: maximise prefix-padding `acc_mean` and `acc_worst`).
 The study file names the base overrides, the search space, the objectives, the sampler, the trial budget,
@@ -31,12 +32,13 @@ class StudyCliConfig:
     storage: str | None = None  # Optuna RDB URL (default sqlite:///<study dir>/<name>.db)
     workers: int = 1  # worker processes on this machine
     report: bool = False  # only write and print the Pareto report
+    import_trials: str | None = None  # a trials.csv whose finished trials start the study on a new storage
     verbose: bool = False
 
 
 ConfigStore.instance().store(name="study_schema", node=StudyCliConfig)
 
-FLAGS = {"--workers": "workers", "--n-trials": "n_trials", "--storage": "storage"}
+FLAGS = {"--workers": "workers", "--n-trials": "n_trials", "--storage": "storage", "--import-trials": "import_trials"}
 
 
 def shim(argv: Sequence[str]) -> list[str]:
@@ -52,7 +54,7 @@ def shim(argv: Sequence[str]) -> list[str]:
             if not eq:
                 check(bool(args), flag, None, "needs a value")
                 value = args.pop(0)
-            out.append(f"{FLAGS[flag]}={quoted(value) if flag == '--storage' else value}")
+            out.append(f"{FLAGS[flag]}={quoted(value) if flag in ('--storage', '--import-trials') else value}")
         elif a == "--report":
             out.append("report=true")
         elif flag in ("spec", "study") and eq:
@@ -72,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def work(cfg) -> int:
         check(cfg.spec is not None, "spec", None, "must name the study file, e.g. spec=studies/mean_vs_worst.yaml")
-        return run_study(cfg.spec, cfg.n_trials, cfg.storage, cfg.workers, cfg.report)["rc"]
+        return run_study(cfg.spec, cfg.n_trials, cfg.storage, cfg.workers, cfg.report,
+                         import_from=cfg.import_trials)["rc"]
 
     return run("study", argv, work, shim)
 

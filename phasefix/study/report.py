@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from phasefix.errors import check
 from phasefix.study import runs
-from phasefix.study.spec import StudySpec, logged_name
+from phasefix.study.spec import StudySpec, base_mitigations, logged_name
 
 # metrics a row shows besides the objectives (from the trial's user attr `metrics`)
 EXTRA_COLUMNS = ("final/prefix/acc_gap", "final/in_sequence/acc_mean", "final/in_sequence/acc_worst", "final/lm_loss",
@@ -44,14 +45,87 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
         if spec.constraints:
             cons = t.user_attrs.get("constraints")
             row["feasible"] = None if cons is None else all(c <= 0 for c in cons)
+            for c, v in zip(spec.constraints, cons or []):  # the values, so that import_trials restores them
+                row[f"constraint:{c.key}"] = round(v, 6)
         for p in params:
             v = t.params.get(p)
-            row[p] = round(v, 6) if isinstance(v, float) else v
+            row[p] = float(f"{v:.6g}") if isinstance(v, float) else v  # 6 significant digits: lr 1e-3 keeps them
         row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id")
         row["retry_of"] = t.system_attrs.get("failed_trial")
         row["note"] = t.user_attrs.get("pruned") or t.user_attrs.get("error")
         rows.append(row)
     return rows
+
+
+def import_trials(spec: StudySpec, study, path: str | Path) -> int:
+    """Rebuild the finished trials of a `trials.csv` (`trial_rows`' format) in an empty study: a study continues
+    from its committed report on a machine that does not have its storage. COMPLETE rows keep their objectives,
+    constraints, metrics and MLflow run id; PRUNED rows their params and why they were pruned (infeasible, as the
+    objective marks them); failed and running rows are left out (their params are retried by the sampler anyway).
+    The params are replayed in the search space's order, so a mitigation's options appear exactly where `suggest`
+    would have sampled them. Returns the number of trials added."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.trial import TrialState
+
+    def distribution(p):
+        if p.type == "categorical":
+            return CategoricalDistribution(p.choices)
+        if p.type == "int":
+            return IntDistribution(int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+        return FloatDistribution(p.low, p.high, step=p.step, log=p.log)
+
+    def value(p, cell: str):
+        if p.type == "categorical":
+            match = [c for c in p.choices if ("" if c is None else str(c)) == cell]
+            check(bool(match), f"{path}: {p.name}", cell, f"is not one of the study's choices {p.choices}")
+            return match[0]
+        x = int(float(cell)) if p.type == "int" else float(cell)
+        return min(max(x, p.low), p.high)  # trials.csv keeps 6 significant digits
+
+    def number(cell: str | None) -> float | None:
+        return None if cell in (None, "") else float(cell)
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    trials = []
+    for row in rows:
+        state = row.get("state")
+        if state not in ("COMPLETE", "PRUNED"):
+            continue
+        enabled = base_mitigations(spec.base)
+        params, dists = {}, {}
+        for p in spec.params:
+            if p.requires and not set(p.requires) <= enabled:
+                continue
+            check(p.name in row, str(path), None, f"has no column {p.name!r} (a report of another search space?)")
+            params[p.name] = v = value(p, row[p.name])
+            dists[p.name] = distribution(p)
+            if p.sets_mitigations:
+                enabled |= p.mitigations(v)
+        attrs = {"imported_from": f"{Path(path).name} trial {row['trial']}"}
+        if row.get("mlflow_run_id"):
+            attrs["mlflow_run_id"] = row["mlflow_run_id"]
+        if state == "PRUNED":
+            attrs["pruned"] = row.get("note") or "pruned"
+            cons = {c.key: 1.0 for c in spec.constraints}
+            values = None
+        else:
+            values = [number(row.get(o.metric)) for o in spec.objectives]
+            check(all(v is not None for v in values), f"{path}: trial {row['trial']}", None,
+                  f"is COMPLETE but lacks an objective ({', '.join(spec.metric_names)})")
+            feasible = row.get("feasible") != "False"
+            cons = {c.key: number(row.get(f"constraint:{c.key}")) for c in spec.constraints}
+            cons = {k: (v if v is not None else 0.0 if feasible else 1.0) for k, v in cons.items()}
+            metrics = {k: number(row.get(k)) for k in (*EXTRA_COLUMNS, *spec.metric_names)}
+            attrs["metrics"] = {k: v for k, v in metrics.items() if v is not None}
+            if spec.constraints:
+                attrs["constraints"] = list(cons.values())
+        trials.append(optuna.trial.create_trial(
+            state=TrialState[state], values=values, params=params, distributions=dists, user_attrs=attrs,
+            constraints=cons or None))
+    study.add_trials(trials)
+    return len(trials)
 
 
 def pareto_trials(spec: StudySpec, study) -> list:

@@ -13,7 +13,7 @@ from pathlib import Path
 from phasefix.errors import ConfigError, check
 from phasefix.study import runs
 from phasefix.study.objective import FitFn, make_objective
-from phasefix.study.report import counts, report
+from phasefix.study.report import counts, import_trials, report
 from phasefix.study.spec import StudySpec, check_storage_url, load_spec, logged_name, validate
 
 
@@ -211,9 +211,10 @@ def spawn_workers(spec: StudySpec, url: str, n_trials: int, k: int, fit_fn: FitF
 
 # ------------------------------------------------------------------------------------------------ the CLI's work
 def run_study(path: str | Path, n_trials: int | None = None, storage: str | None = None, workers: int = 1,
-              report_only: bool = False, fit_fn: FitFn | None = None) -> dict:
-    """Validate, create or resume the study, run the workers, report. `fit_fn` replaces `phasefix.fit.fit` in
-    every worker (tests: a cheap stand-in). Returns report()'s dict plus 'rc'."""
+              report_only: bool = False, fit_fn: FitFn | None = None, import_from: str | Path | None = None) -> dict:
+    """Validate, create or resume the study, run the workers, report. `import_from`: a trials.csv whose finished
+    trials start a study that is not in the storage yet (ignored once it is). `fit_fn` replaces
+    `phasefix.fit.fit` in every worker (tests: a cheap stand-in). Returns report()'s dict plus 'rc'."""
     spec = load_spec(path)
     if storage:
         check_storage_url(storage, "storage")
@@ -221,10 +222,19 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     budget = spec.n_trials if n_trials is None else n_trials
     check(budget >= 1, "n_trials", budget, "must be >= 1")
     check(workers >= 1, "workers", workers, "must be >= 1")
+    if import_from is not None:
+        check(Path(import_from).is_file(), "import_trials", str(import_from), "must be an existing trials.csv")
     if report_only:
         return {**report(spec, load_study(spec, url), url), "rc": 0}
     validate(spec)
     study = open_study(spec, url, create=True)
+    if import_from is not None:
+        if study.get_trials(deepcopy=False):
+            print(f"[study] {spec.name} already has trials in its storage: import_trials={import_from} ignored",
+                  flush=True)
+        else:
+            print(f"[study] {spec.name}: {import_trials(spec, study, import_from)} finished trials imported from "
+                  f"{import_from}", flush=True)
     runs.ensure_parent_run(spec, study, url)
     n = counts(study)
     print(f"[study] {spec.name}: {runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "
