@@ -278,30 +278,13 @@ def _plain(v):
     return v
 
 
-def flip_figure(res: Mapping, title: str = ""):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    x, y = res["filler_lengths"], res["logp_diff"]
-    ax.plot(x, y, marker="o", ms=2.5, lw=1)
-    ax.axhline(0, color="black", lw=0.6)
-    for g in range(x[0], x[-1] + 1, res["period"]):
-        ax.axvline(g - 0.5, color="grey", lw=0.5, ls=":")
-    a, b = res["completions"]
-    ax.set_xlabel("filler length (tokens)")
-    ax.set_ylabel(f"log p({a.strip()!r}) - log p({b.strip()!r})", fontsize=8)
-    ax.set_title(f"{title}  period detected {res['period_detected']}, FFT {res['period_fft']}", fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
 def _log_flip(c, run_id: str, out: Path, res: dict, name: str) -> None:
-    from phasefix import tracking
+    from phasefix import plots, tracking
 
     tracking.log_metric_values(c, run_id, {f"flip/{k}": res[k] for k in ("period_detected", "period_fft", "flip_rate",
                                                                          "range")},
                                {"flip/logp_diff": dict(zip(res["filler_lengths"], res["logp_diff"]))})
-    fig = flip_figure(res, name)
+    fig = plots.flip_curve(res, name)
     fig.savefig(out / "flip_curve.png", dpi=110)
     tracking.log_figure(c, run_id, fig, "flip_curve.png")
     rows = ["filler_length,logp_a,logp_b,logp_diff"] + [

@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from phasefix.errors import ConfigError
-from phasefix.mitigations import REGISTRY, build_mitigations, gate_heatmap, static_gate_distribution
+from phasefix.mitigations import REGISTRY, build_mitigations, static_gate_distribution
+from phasefix.plots import gate_heatmap
 from phasefix.mitigations.gate_losses import slot_assignment
 from phasefix.mitigations.gates import effective_slots, empty_windows, slot_phases
 from phasefix.model import CompressedQwen3, ModelConfig

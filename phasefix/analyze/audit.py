@@ -130,39 +130,6 @@ def pearson(x, y) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ reporting
-def heatmap(rows: Sequence[tuple[str, np.ndarray]], period: int, title: str = "", measured: np.ndarray | None = None):
-    """Phase mass by residue relative to uniform (P * m_P(r): 1 = no preference, 0 = starved), one row per
-    compressor and the model's mean last; with `measured`, the accuracy curve under it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    data = np.array([r * period for _, r in rows])  # [n, P]
-    n = len(rows)
-    extra = measured is not None
-    fig = Figure(figsize=(1.5 + 0.36 * period, 1.2 + 0.24 * n + (1.6 if extra else 0)), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(2 if extra else 1, 1, squeeze=False, height_ratios=[max(1, 0.24 * n), 1.4] if extra else None)
-    ax = axes[0, 0]
-    span = max(1e-6, float(np.nanmax(np.abs(data - 1))))
-    im = ax.imshow(data, cmap="RdBu", vmin=1 - span, vmax=1 + span, aspect="auto", interpolation="nearest")
-    ax.set_yticks(range(n), [name for name, _ in rows], fontsize=7)
-    ax.set_xticks(range(period))
-    ax.set_xlabel(f"residue t mod {period}")
-    fig.colorbar(im, ax=ax, label="phase mass x P (1 = uniform)", shrink=0.9)
-    ax.set_title(title or "predicted phase mass (bias-only gate)", fontsize=9)
-    if extra:
-        ax2 = axes[1, 0]
-        ax2.plot(range(period), measured, marker="o", ms=3, label="measured accuracy")
-        ax2.set_ylabel("accuracy")
-        ax2.set_xlim(-0.5, period - 0.5)
-        ax2.set_xticks(range(period))
-        twin = ax2.twinx()
-        twin.plot(range(period), data[-1], color="tab:red", ls="--", marker="s", ms=2.5, label="predicted mass x P")
-        twin.set_ylabel("predicted mass x P", color="tab:red")
-        ax2.set_xlabel(f"residue t mod {period}")
-    return fig
-
-
 def csv_rows(biases: Sequence[GateBias], stats: Sequence[dict], period: int, source: str = "weights") -> list[str]:
     head = ("compressor,layer,kind,source,stride,window,channels,main,eff_slots,eff_static,bias_spread,content_scale,"
             "trust,weak_phase,weak_class,class_period,depth,mass_by_phase,channels_by_phase,"
@@ -232,6 +199,8 @@ def _model_metrics(prefix: str, m: dict) -> tuple[dict, dict]:
 def gates_audit(opts: dict, tool: str = "gates", source: Source | None = None) -> dict:
     """`analyze gates model=...`: the weights-only prediction (and with calibrate=true the measured E[a]) for every
     compressor, printed, written as CSV and heatmap to the output directory and logged as an MLflow run."""
+    from phasefix import plots
+
     source = source or load_source(opts)
     P = source.period
     biases = source.biases
@@ -268,7 +237,8 @@ def gates_audit(opts: dict, tool: str = "gates", source: Source | None = None) -
         result.update(calibrated=cal, calibrated_biases=cal_b, calibrated_model=cal_model)
     out = output_dir(opts, tool, source.name)
     (out / "gates_audit.csv").write_text("\n".join(rows) + "\n")
-    fig = heatmap(fig_rows, P, title=f"{source.name}: predicted phase mass by residue (weights only; last row: model)")
+    fig = plots.audit_phase_heatmap(fig_rows, P, title=f"{source.name}: predicted phase mass by residue (weights "
+                                                       "only; last row: model)")
     fig.savefig(out / "gates_audit.png", dpi=110)
     result.update(out=out, figure=fig, csv=out / "gates_audit.csv")
     print(f"\nwrote {out / 'gates_audit.csv'} and {out / 'gates_audit.png'}")
@@ -361,6 +331,7 @@ def compare(model: dict, measured: Sequence[float], stride: int) -> dict:
 
 def audit(opts: dict) -> dict:
     """`analyze audit model=...`: predict from the weights, evaluate with `phasefix.evaluate`, compare."""
+    from phasefix import plots
     from phasefix.evaluate import evaluate
 
     source = load_source(opts)
@@ -410,9 +381,9 @@ def audit(opts: dict) -> dict:
         curves[f"audit/{pad}/acc_phase"] = list(cmp["acc_phase"])
         rows = [(gb.name, s["mass_period"]) for gb, s in zip(result["biases"], result["stats"])]
         rows.append(("model", result["model"]["mass_period"]))
-        fig = heatmap(rows, P, measured=np.asarray(acc),
-                      title=f"{source.name} {opts['task']} ({pad}): predicted mass vs measured accuracy, Pearson r = "
-                            f"{cmp['pearson_r']:.2f}")
+        fig = plots.audit_phase_heatmap(rows, P, measured=np.asarray(acc),
+                                        title=f"{source.name} {opts['task']} ({pad}): predicted mass vs measured "
+                                              f"accuracy, Pearson r = {cmp['pearson_r']:.2f}")
         fig.savefig(result["out"] / f"audit-{pad}.png", dpi=110)
         figures[f"audit-{pad}.png"] = fig
     result.update(comparison=comparison, evaluation=summary)

@@ -129,46 +129,6 @@ def mean_abs_error(base_phase: np.ndarray, shifted: np.ndarray, d: int) -> float
     return nanmean(err)
 
 
-def figure(res: dict, stride: int, title: str = ""):
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 3.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_s, ax_c = fig.subplots(1, 2)
-    base = res["phase"][0]
-    cmap = matplotlib.colormaps["coolwarm"]
-    ds = [d for d in res["shifts"] if d % len(base) != 0]
-    lim = 0.0
-    for i, d in enumerate(ds):
-        color = cmap(i / max(1, len(ds) - 1))
-        obs, pred = res["phase"][d] - base, predicted_change(base, d)
-        lim = max(lim, float(np.abs(np.nan_to_num(obs)).max()), float(np.abs(np.nan_to_num(pred)).max()))
-        ax_s.scatter(pred[:-1], obs[:-1], color=color, s=18, label=f"d={d}")
-        ax_s.scatter(pred[-1:], obs[-1:], color=color, s=30, marker="x")
-        ax_c.plot(range(stride), res["phase"][d], marker="o", ms=3, color=color, lw=0.8, label=f"d={d}")
-    ax_c.plot(range(stride), base, marker="o", color="k", lw=2, label="d=0")
-    lim = max(lim, 0.05) * 1.1
-    ax_s.plot([-lim, lim], [-lim, lim], color="grey", lw=0.6, ls="--")
-    ax_s.set_xlim(-lim, lim)
-    ax_s.set_ylim(-lim, lim)
-    ax_s.set_xlabel("predicted change A_0((r-d) mod S) - A_0(r)")
-    ax_s.set_ylabel("observed change A_d(r) - A_0(r)")
-    lo, hi = res["r2_ci"]
-    ax_s.set_title(f"R^2 = {res['r2']:.2f} [{lo:.2f}, {hi:.2f}] (x: boundary phase {stride - 1}, excluded)",
-                   fontsize=8)
-    ax_s.legend(fontsize=6, ncol=2)
-    ax_c.set_xlabel("phase r = t mod S")
-    ax_c.set_ylabel("accuracy")
-    ax_c.set_ylim(-0.02, 1.02)
-    ax_c.set_xticks(range(stride))
-    ax_c.set_title("accuracy by phase under each gate shift d", fontsize=8)
-    ax_c.legend(fontsize=6, ncol=2)
-    fig.suptitle(title or "gate cycling", fontsize=9)
-    return fig
-
-
 def table(res: dict, stride: int) -> str:
     lines = [f"{'shift':<7}" + "".join(f"{'ph' + str(p):>7}" for p in range(stride)) + f"{'MAE':>8}{'R^2':>9}"]
     for d in sorted(set(res["shifts"]) | {0}):
@@ -184,6 +144,8 @@ def table(res: dict, stride: int) -> str:
 
 
 def run(ctx: RunContext, opts: dict) -> dict:
+    from phasefix import plots
+
     check_cyclable(ctx.config)
     shifts = parse_shifts(opts["shifts"])
     seed = ctx.eval_seed if opts["seed"] is None else opts["seed"]
@@ -203,11 +165,13 @@ def run(ctx: RunContext, opts: dict) -> dict:
             if d in res["r2_by_shift"]:
                 scalars[f"d{d}/r2"] = res["r2_by_shift"][d]
                 scalars[f"d{d}/mae"] = res["mae_by_shift"][d]
-        fig = figure(res, ctx.stride, title=f"gate cycling ({pad} padding, run {(ctx.run_id or '')[:8]})")
+        predicted = {d: predicted_change(res["phase"][0], d) for d in res["shifts"]}
+        fig = plots.cycle_prediction(res, predicted, ctx.stride,
+                                     title=f"gate cycling ({pad} padding, run {(ctx.run_id or '')[:8]})")
         print(log_results(ctx, "cycle", pad, scalars, curves, fig, opts))
         results[pad] = res
     return results
 
 
-__all__ = ["check_cyclable", "cycle", "cycled", "figure", "gate_tensors", "pooled_r2", "predicted_change",
+__all__ = ["check_cyclable", "cycle", "cycled", "gate_tensors", "pooled_r2", "predicted_change",
            "r_squared", "run", "table"]

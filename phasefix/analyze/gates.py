@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from phasefix.analyze import RunContext, eval_set, fmt, log_results
 from phasefix.errors import ConfigError
-from phasefix.mitigations.gates import effective_slots, empty_windows, gate_heatmap, slot_phases
+from phasefix.mitigations.gates import effective_slots, empty_windows, slot_phases
 
 
 def check_gated(config) -> None:
@@ -62,20 +62,6 @@ def gate_statistics(model, dataset, batch_size: int = 128, max_prompts: int | No
     return out
 
 
-def figure(stats: list[dict], title: str = ""):
-    """`gate_heatmap` of E[a], each row labelled with its static and per-window effective numbers of slots."""
-    static = [{b: s["static"] for b, s in branches.items()} for branches in stats]
-    fig = gate_heatmap(static, title=title or "static gate distribution E[a] (row: static / per-window eff. slots)")
-    for ax in fig.axes:
-        words = ax.get_title().split()
-        if len(words) == 3 and words[0] == "layer":
-            s = stats[int(words[1])][words[2]]
-            ax.set_yticks(range(len(s["static_eff"])),
-                          [f"h{h} ({float(e):.1f}/{float(w):.1f})"
-                           for h, (e, w) in enumerate(zip(s["static_eff"], s["window_eff"]))])
-    return fig
-
-
 def table(stats: list[dict]) -> str:
     lines = [f"{'layer':<6}{'branch':<7}{'head':<5}{'static':>8}{'window':>8}{'slot':>6}{'phase':>6}{'E[a]max':>8}"
              "  E[a] by slot"]
@@ -90,6 +76,8 @@ def table(stats: list[dict]) -> str:
 
 
 def run(ctx: RunContext, opts: dict) -> dict:
+    from phasefix import plots
+
     check_gated(ctx.config)
     seed = ctx.eval_seed if opts["seed"] is None else opts["seed"]
     results = {}
@@ -108,10 +96,11 @@ def run(ctx: RunContext, opts: dict) -> dict:
                     scalars[f"{key}/window_eff"] = float(s["window_eff"][h])
                     scalars[f"{key}/preferred_slot"] = float(s["preferred_slot"][h])
                     curves[f"{key}/static"] = s["static"][h].tolist()
-        fig = figure(stats, title=f"E[a] ({pad}, run {(ctx.run_id or '')[:8]}); rows: static/per-window eff. slots")
+        fig = plots.gate_stats_heatmap(stats, title=f"E[a] ({pad}, run {(ctx.run_id or '')[:8]}); rows: "
+                                                    "static/per-window eff. slots")
         print(log_results(ctx, "gates", pad, scalars, curves, fig, opts))
         results[pad] = stats
     return results
 
 
-__all__ = ["check_gated", "figure", "gate_statistics", "run", "table"]
+__all__ = ["check_gated", "gate_statistics", "run", "table"]

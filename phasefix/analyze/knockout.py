@@ -108,32 +108,6 @@ def knockout(model, dataset, calibration, period: int, stride: int, batch_size: 
             "rel": relative_change(acc, b), "rel_phase": relative_change(acc_phase, bp)}
 
 
-def figure(res: dict, stride: int, title: str = ""):
-    """Heatmap: rows (layer, KV head), columns residue; colour = relative accuracy change (clipped to [-1, 1])."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rel = res["rel"]
-    L, HKV, P = rel.shape
-    fig = Figure(figsize=(2.0 + 0.32 * P, 1.6 + 0.32 * L * HKV + 0.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_base, ax = fig.subplots(2, 1, height_ratios=[1, max(1.5, 0.45 * L * HKV)], sharex=True)
-    ax_base.bar(range(P), res["base"], color="grey")
-    ax_base.set_ylim(0, 1)
-    ax_base.set_ylabel("base acc")
-    img = ax.imshow(np.nan_to_num(rel.reshape(L * HKV, P), nan=0.0), cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
-    ax.set_yticks(range(L * HKV), [f"L{layer} kv{g}" for layer in range(L) for g in range(HKV)])
-    ax.set_xticks(range(P))
-    ax.set_xlabel("residue of the target key position")
-    for x in range(0, P, stride):
-        ax.axvline(x - 0.5, color="k", lw=0.4, ls=":")
-    for y in range(HKV, L * HKV, HKV):
-        ax.axhline(y - 0.5, color="k", lw=0.8)
-    fig.colorbar(img, ax=ax, shrink=0.9, label="(knockout - base) / base")
-    fig.suptitle(title or "knockout by residue", fontsize=9)
-    return fig
-
-
 def table(res: dict, stride: int) -> str:
     L, HKV, _ = res["rel"].shape
     lines = [f"{'head':<10}" + "".join(f"{'ph' + str(p):>8}" for p in range(stride)) + f"{'mean':>8}  hit phases",
@@ -153,6 +127,8 @@ def hit_phases(rel_phase: np.ndarray, threshold: float = -0.2) -> list[int]:
 
 
 def run(ctx: RunContext, opts: dict) -> dict:
+    from phasefix import plots
+
     seed = ctx.eval_seed if opts["seed"] is None else opts["seed"]
     calib_seed = seed + 2 if opts["calib_seed"] is None else opts["calib_seed"]
     if calib_seed == seed:
@@ -177,8 +153,8 @@ def run(ctx: RunContext, opts: dict) -> dict:
                 scalars[f"{key}/acc_mean"] = float(nanmean(res["acc"][layer, g]))
                 for p in range(ctx.stride):
                     scalars[f"{key}/phase{p}/rel_change"] = float(res["rel_phase"][layer, g, p])
-        fig = figure(res, ctx.stride, title=f"knockout by residue ({pad} padding, run "
-                                            f"{(ctx.run_id or '')[:8]})")
+        fig = plots.knockout_heatmap(res, ctx.stride, title=f"knockout by residue ({pad} padding, run "
+                                                            f"{(ctx.run_id or '')[:8]})")
         print(log_results(ctx, "knockout", pad, scalars, curves, fig, opts))
         results[pad] = res
     return results

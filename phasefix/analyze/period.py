@@ -1,6 +1,7 @@
 """The dominant period of the phase curve (science.md §4), from `PhaseAccuracy`: `detect_period` compares the
 shift difference mean_r |A(r) - A(r+p)| of every divisor p of the eval period with the mean pairwise difference
-between residues; the figure shows the curve and the shift difference of every shift p."""
+between residues; the figure (`phasefix.plots.period_curve`) shows the curve and the shift difference of every
+shift p."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,42 +26,6 @@ def typical_difference(curve: np.ndarray) -> float:
         return float(np.nanmean(pairwise)) if np.isfinite(pairwise).any() else float("nan")
 
 
-def figure(res: dict, stride: int, title: str = ""):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    curve = np.asarray(res["per_residue"], dtype=np.float64)
-    P = curve.size
-    prof = shift_profile(curve)
-    thr = PERIOD_TOL * typical_difference(curve)
-    detected = int(res["period_detected"])
-    fig = Figure(figsize=(10, 3.4), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_a, ax_b = fig.subplots(1, 2, width_ratios=[3, 2])
-    r = np.arange(P)
-    ax_a.plot(r, curve, marker="o", ms=3, color="C0", label=f"accuracy (mean {float(res['acc_mean']):.2f}, "
-                                                            f"gap {float(res['acc_gap']):.2f})")
-    ax_a.fill_between(r, np.asarray(res["wilson_low"]), np.asarray(res["wilson_high"]), color="C0", alpha=0.15)
-    if int(res["fold_stride"]) < P:
-        ax_a.plot(r, np.tile(np.asarray(res["folded"]), P // len(res["folded"])), color="C1", lw=1, ls="--",
-                  label=f"folded mod {int(res['fold_stride'])}")
-    for x in range(0, P, stride):
-        ax_a.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
-    ax_a.set_ylim(-0.02, 1.02)
-    ax_a.set_xlabel("residue of the target key position")
-    ax_a.set_ylabel("accuracy")
-    ax_a.legend(fontsize=7, loc="lower left")
-    divisors = [p for p in range(1, P) if P % p == 0]
-    colors = ["C2" if p == detected else ("C0" if p in divisors else "lightgrey") for p in range(P)]
-    ax_b.bar(range(P), prof, color=colors)
-    ax_b.axhline(thr, color="C3", lw=0.8, ls="--", label=f"threshold {PERIOD_TOL} x mean pairwise difference")
-    ax_b.set_xlabel("shift p (blue: divisors, green: detected)")
-    ax_b.set_ylabel("mean_r |A(r) - A(r+p)|")
-    ax_b.legend(fontsize=7)
-    fig.suptitle(title or f"dominant period {detected}", fontsize=9)
-    return fig
-
-
 def table(res: dict, stride: int) -> str:
     curve = np.asarray(res["per_residue"], dtype=np.float64)
     prof = shift_profile(curve)
@@ -77,6 +42,8 @@ def table(res: dict, stride: int) -> str:
 
 
 def run(ctx: RunContext, opts: dict) -> dict:
+    from phasefix import plots
+
     seed = ctx.eval_seed if opts["seed"] is None else opts["seed"]
     results = {}
     for pad in ctx.paddings(opts["padding"]):
@@ -91,11 +58,13 @@ def run(ctx: RunContext, opts: dict) -> dict:
                                               "acc_worst", "acc_gap")}
         scalars["detected_equals_stride"] = float(int(res["period_detected"]) == ctx.stride)
         curves = {"shift_difference": shift_profile(curve), "per_residue": curve}
-        fig = figure(res, ctx.stride, title=f"periodicity ({pad} padding, run {(ctx.run_id or '')[:8]}): "
-                                            f"dominant period {int(res['period_detected'])}, stride {ctx.stride}")
+        title = (f"periodicity ({pad} padding, run {(ctx.run_id or '')[:8]}): dominant period "
+                 f"{int(res['period_detected'])}, stride {ctx.stride}")
+        fig = plots.period_curve(res, ctx.stride, curves["shift_difference"], PERIOD_TOL * typical_difference(curve),
+                                 PERIOD_TOL, title=title)
         print(log_results(ctx, "period", pad, scalars, curves, fig, opts))
         results[pad] = res
     return results
 
 
-__all__ = ["figure", "run", "shift_profile", "table", "typical_difference"]
+__all__ = ["run", "shift_profile", "table", "typical_difference"]

@@ -14,7 +14,7 @@ from phasefix.errors import ConfigError
 from phasefix.mitigations.base import Mitigation, as_options
 from phasefix.mitigations.controls import PhaseJitter, StaggeredOffsets
 from phasefix.mitigations.gate_losses import GateDiversity, HeadCoord, LayerCoord, phase_coverage, slot_assignment
-from phasefix.mitigations.gates import answered_phases, effective_slots, gate_heatmap, static_gate_distribution
+from phasefix.mitigations.gates import answered_phases, effective_slots, static_gate_distribution
 
 REGISTRY: dict[str, type[Mitigation]] = {
     cls.name: cls for cls in (GateDiversity, HeadCoord, LayerCoord, PhaseJitter, StaggeredOffsets)
@@ -43,5 +43,5 @@ def mitigation_names(mitigations: list[Mitigation]) -> str:
 
 
 __all__ = ["GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "REGISTRY", "StaggeredOffsets",
-           "answered_phases", "build_mitigations", "effective_slots", "gate_heatmap", "mitigation_names",
+           "answered_phases", "build_mitigations", "effective_slots", "mitigation_names",
            "phase_coverage", "slot_assignment", "static_gate_distribution"]

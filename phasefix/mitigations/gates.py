@@ -86,12 +86,5 @@ def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", de
     return torch.nn.functional.one_hot(phase, S).float() * alive[None, :, None]
 
 
-def gate_heatmap(static: list[dict], title: str | None = None):
-    """`phasefix.plots.gate_heatmap` (plots owns every figure), here for the callers that import it from here."""
-    from phasefix import plots
-
-    return plots.gate_heatmap(static, title)
-
-
-__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "gate_heatmap", "slot_phases", "static_gate_distribution"]
+__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "slot_phases", "static_gate_distribution"]
 
