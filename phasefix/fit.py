@@ -138,7 +138,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
     from phasefix import console
     from phasefix.data.lm_mix import LMMixConfig
-    from phasefix.module import LastCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger, TrainClock
+    from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
+                                  TrainClock)
     from phasefix.run import Run, outputs_dir
 
     console.quiet(bool(cfg.get("verbose")))
@@ -211,7 +212,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                   run_id=run_id)
             verbose = bool(cfg.get("verbose"))
             callbacks = [
-                ModelCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
+                PeriodicCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
                                 every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
                 ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean"),
                                 mode="max", save_top_k=1, auto_insert_metric_name=False),

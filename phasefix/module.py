@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 import numpy as np
@@ -225,12 +225,35 @@ class TrainClock(Callback):
 
 class RunLogger(MLFlowLogger):
     """Lightning's MLflow logger without the `epoch` value Lightning adds to every logging call (one epoch per run
-    here; logged at each step where training and validation both log, it only duplicates points)."""
+    here; logged at each step where training and validation both log, it only duplicates points), and without a
+    second write of a metric at a step it already has (`PeriodicCheckpoint` writes a step's points early)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._written: tuple[int | None, set] = (None, set())
 
     def log_metrics(self, metrics, step=None):
         metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        if step is not None:
+            if step != self._written[0]:
+                self._written = (step, set())
+            metrics = {k: v for k, v in metrics.items() if k not in self._written[1]}
+            self._written[1].update(metrics)
         if metrics:
             super().log_metrics(metrics, step)
+
+
+class PeriodicCheckpoint(ModelCheckpoint):
+    """Lightning's step-interval checkpoint, written after the step's training metrics reach the logger. Lightning
+    saves it in `on_train_batch_end` and logs that batch's metrics only afterwards, so a kill -9 between the two
+    lost the points of the batch before the checkpoint (a resume logs again only from the checkpoint's step on)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        n = self._every_n_train_steps
+        if n and trainer.global_step % n == 0:
+            # Lightning has no public flush; it logs the same step again after this hook (RunLogger drops it)
+            trainer._logger_connector.update_train_step_metrics()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class LastCheckpoint(OnExceptionCheckpoint):

@@ -142,6 +142,26 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, monkeypatch):
     assert metric_steps(c, resumed["mlflow_run_id"]) == metric_steps(c, reference["mlflow_run_id"])
 
 
+def test_a_periodic_checkpoint_is_written_after_its_steps_metrics(tmp_path):
+    """The moment a kill -9 hurts most: right after a periodic checkpoint file is written. Every training point up
+    to the checkpoint's step must already be in MLflow then (a resume logs again only from that step on)."""
+    from lightning.pytorch.callbacks import Checkpoint
+
+    seen: dict[int, list[int]] = {}
+
+    class AfterTheFile(Checkpoint):  # a Checkpoint: Lightning runs it after the run's own checkpoint callbacks
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step % 10 == 0:  # the periodic callback has just written last.ckpt
+                assert (Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt").exists()
+                c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+                seen[trainer.global_step] = sorted(m.step for m in c.get_metric_history(trainer.logger.run_id,
+                                                                                        "train/loss"))
+
+    fit(compose(FAST + ["trainer.max_steps=20", "trainer.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=1"]
+                + run_overrides(tmp_path)), callbacks=[AfterTheFile()])
+    assert seen == {10: list(range(10)), 20: list(range(20))}  # batch b is logged at step b
+
+
 def test_sigterm_ends_the_run_killed(tmp_path):
     """SIGTERM (a scheduler, `kill`) mid-training: the MLflow run ends KILLED, not RUNNING or FAILED."""
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
