@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from phasefix.metrics import PhaseAccuracy
 from phasefix.mitigations import build_mitigations
+from phasefix.mitigations.base import loss_ramp
 from phasefix.mitigations.gates import effective_slots, static_gate_distribution
 from phasefix.model import CompressedQwen3, ModelConfig
 from phasefix.predict import query_predictions
@@ -69,7 +70,7 @@ class PhaseFixModule(L.LightningModule):
         if self.needs_gates:
             gates = self.model.gates()
             for m in self.mitigations:
-                terms.update(m.loss(self.model, gates))
+                terms.update(m.loss(self.model, gates, step=int(self.global_step)))
         total = loss + sum(terms.values()) if terms else loss
         if not torch.isfinite(total):
             raise FloatingPointError(f"train/loss is {total.item()} at step {self.global_step}: stopping; the last "
@@ -143,9 +144,7 @@ class PhaseFixModule(L.LightningModule):
 
 def text_loss_weight(step: int, lm_weight: float, start_step: int = 0, ramp_steps: int = 0) -> float:
     """0 before start_step, then lm_weight * (step - start_step + 1) / ramp_steps, capped at lm_weight."""
-    if step < start_step:
-        return 0.0
-    return lm_weight * min(1.0, (step - start_step + 1) / ramp_steps) if ramp_steps > 0 else lm_weight
+    return lm_weight * loss_ramp(step, start_step, ramp_steps)
 
 
 def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weight: float = 1.0):

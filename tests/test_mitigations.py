@@ -97,6 +97,20 @@ def test_gate_diversity_per_head_by_hand():
         pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("name", ["gate_diversity", "head_coord", "layer_coord"])
+def test_a_gate_term_can_start_late_and_ramp(name):
+    """start_step=3, ramp_steps=4: off at steps 0-2, then 1/4, 2/4, 3/4 of the weight, then all of it."""
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
+    gates = gates_from([ONE_HOT[[0, 0]], ONE_HOT[[1, 1]]])
+    (m,) = build_mitigations({name: {"weight": 2.0, "start_step": 3, "ramp_steps": 4}})
+    full = 2.0 * term(name, cfg, gates)
+    assert full > 0
+    got = [float(m.loss(fake(cfg), gates, step=s)[name]) for s in range(9)]
+    assert got == pytest.approx([0, 0, 0, full / 4, full / 2, 3 * full / 4, full, full, full])
+    with pytest.raises(ConfigError, match=f"mitigation.{name}.start_step"):
+        build_mitigations({name: {"start_step": -1}})
+
+
 def test_gate_diversity_per_head_includes_the_value_branch():
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
     gates = gates_from([torch.stack([UNIFORM, UNIFORM])])

@@ -1,7 +1,7 @@
 """The `Mitigation` interface the training loop calls, and option validation shared by every mitigation.
 
 Call order in the loop: `configure_model` (before the model is built) -> `setup(model)` (after) -> every step
-`transform_batch` (data-side controls), then, when any mitigation `needs_gates`, `loss(model, model.gates())`:
+`transform_batch` (data-side controls), then, when any mitigation `needs_gates`, `loss(model, model.gates(), step)`:
 named scalar terms, already weighted, added to the LM loss and logged as `train/mitigation/<name>`.
 """
 from __future__ import annotations
@@ -15,6 +15,14 @@ from phasefix.errors import ConfigError
 from phasefix.model.config import ModelConfig
 
 BRANCHES = ("key", "value", "both")
+
+
+def loss_ramp(step: int, start_step: int = 0, ramp_steps: int = 0) -> float:
+    """The warm-up of an added loss term: 0 before start_step, then (step - start_step + 1) / ramp_steps, capped
+    at 1 (1 from start_step on when ramp_steps is 0)."""
+    if step < start_step:
+        return 0.0
+    return min(1.0, (step - start_step + 1) / ramp_steps) if ramp_steps > 0 else 1.0
 
 
 class Mitigation:
@@ -41,6 +49,9 @@ class Mitigation:
             self.check_number("weight", minimum=0.0)
         if "branch" in self.defaults:
             self.check_choice("branch", BRANCHES)
+        for key in ("start_step", "ramp_steps"):
+            if key in self.defaults:
+                self.check_number(key, minimum=0, integer=True)
 
     def fail(self, key: str, rule: str):
         raise ConfigError(f"mitigation.{self.name}.{key}={self.options.get(key)!r} is invalid: {rule}")
@@ -98,8 +109,8 @@ class Mitigation:
         """Data-side controls: return (input_ids, labels), labels aligned with input_ids as given."""
         return input_ids, labels
 
-    def loss(self, model: torch.nn.Module, gates: list[dict]) -> dict[str, torch.Tensor]:
-        """Named scalar terms, already weighted; empty when the mitigation has no loss."""
+    def loss(self, model: torch.nn.Module, gates: list[dict], step: int = 0) -> dict[str, torch.Tensor]:
+        """Named scalar terms at training step `step`, already weighted; empty when the mitigation has no loss."""
         return {}
 
     def __repr__(self) -> str:

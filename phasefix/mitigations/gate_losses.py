@@ -11,7 +11,7 @@ import math
 import torch
 
 from phasefix.errors import ConfigError
-from phasefix.mitigations.base import BRANCHES, Mitigation, unwrap
+from phasefix.mitigations.base import BRANCHES, Mitigation, loss_ramp, unwrap
 from phasefix.mitigations.gates import answered_phases, entropy, static_gate_distribution
 from phasefix.model.config import ModelConfig
 
@@ -36,10 +36,11 @@ class GateMitigation(Mitigation):
         return config, [(layer, b, branches[b]) for layer, branches in enumerate(static)
                         for b in self.branches(branches)]
 
-    def loss(self, model, gates):
+    def loss(self, model, gates, step: int = 0):
+        ramp = loss_ramp(step, self.start_step, self.ramp_steps)
         config, statics = self.statics(model, gates)
         term = self.term(config, statics)
-        return {self.name: self.weight * term}
+        return {self.name: self.weight * ramp * term}
 
     def term(self, config: ModelConfig, statics) -> torch.Tensor:
         raise NotImplementedError
@@ -88,7 +89,7 @@ class GateDiversity(GateMitigation):
 
     name = "gate_diversity"
     defaults = {"mode": "per_head", "branch": None, "weight": 1.0, "layout": "block", "strength": None,
-                "value_shift": 1, "freeze_bias": False}
+                "value_shift": 1, "freeze_bias": False, "start_step": 0, "ramp_steps": 0}
 
     def validate(self):
         self.check_number("weight", minimum=0.0)
@@ -101,6 +102,8 @@ class GateDiversity(GateMitigation):
         self.check_number("strength", minimum=0.0, nullable=True)
         self.check_number("value_shift", integer=True)
         self.check(isinstance(self.freeze_bias, bool), "freeze_bias", "must be true or false")
+        for key in ("start_step", "ramp_steps"):
+            self.check_number(key, minimum=0, integer=True)
         self.needs_gates = self.mode != "hard"
 
     def configure_model(self, model_cfg):
@@ -136,10 +139,10 @@ class GateDiversity(GateMitigation):
                         bias.zero_()
                     bias.requires_grad_(False)
 
-    def loss(self, model, gates):
+    def loss(self, model, gates, step: int = 0):
         if self.mode == "hard":
             return {}
-        return super().loss(model, gates)
+        return super().loss(model, gates, step)
 
     def term(self, config, statics):
         if self.mode == "per_head":  # every (layer, branch, head) counts once: [HKV] deficits per layer and branch
@@ -163,7 +166,7 @@ class HeadCoord(GateMitigation):
     that answers nothing costs as much as a collision, so no head escapes the overlap onto the boundary)."""
 
     name = "head_coord"
-    defaults = {"branch": "both", "weight": 1.0}
+    defaults = {"branch": "both", "weight": 1.0, "start_step": 0, "ramp_steps": 0}
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
@@ -193,7 +196,7 @@ class LayerCoord(GateMitigation):
     slots: layers with different grid offsets (or W > S) are compared on the tokens they read."""
 
     name = "layer_coord"
-    defaults = {"branch": "both", "weight": 1.0}
+    defaults = {"branch": "both", "weight": 1.0, "start_step": 0, "ramp_steps": 0}
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
