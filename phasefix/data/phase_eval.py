@@ -93,7 +93,7 @@ class _TaskSpec:
         self.lo, self.hi = lo, hi
 
     def build(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        P, n, R, D, G = self.period, self.per_residue, self.R, self.D, self.G
+        P, n = self.period, self.per_residue
         positions = balanced_positions(self.lo, self.hi, P, n)
         # Which of group r's positions cluster c gets: a random matching, so clusters and positions are unrelated.
         placement = np.stack([rng.permutation(positions[r]) for r in range(P)], axis=1)  # [n clusters, P]

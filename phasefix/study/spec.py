@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from phasefix.data.layout import PADDINGS
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import OUTPUTS_DIR
 
@@ -25,7 +26,6 @@ SAMPLERS = tuple(SAMPLER_KEYS)
 STORAGE_KEYS = ("url", "heartbeat_interval", "grace_period", "max_retry")
 DIRECTIONS = ("maximize", "minimize")
 VAL_METRICS = ("acc_mean", "acc_worst", "acc_gap")  # what the module logs as val/<padding>/<key>
-PADDINGS = ("prefix", "in_sequence")  # phasefix.data.layout.PADDINGS, not imported: it would load datasets here
 NONE_CHOICES = ("none", "null", "", None)
 
 
