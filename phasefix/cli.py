@@ -149,6 +149,22 @@ def options(args, config_name: str, positional: str | None = None) -> DictConfig
     return compose(overrides(list(args), config_name, positional), config_name)
 
 
+def sweep(words: Sequence[str]) -> list[list[str]]:
+    """Hydra's multirun sweep (`-m seed=0,1,2 model.window=range(4,6)`): one override list per combination of the
+    sweep overrides' values (every comma list, `range`, `choice`, ...), in the order Hydra's basic sweeper runs them."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(words))
+    except Exception as e:
+        raise ConfigError(f"{str(e).splitlines()[0]} (overrides: {' '.join(words)})") from None
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [o.input_line] for o in parsed]
+    return [list(job) for job in itertools.product(*choices)]
+
+
 # ------------------------------------------------------------------------------------------------ help and run
 def option_lines(config_name: str, tools: str | None = None) -> str:
     """`  key  help (default)` for every key of a tool app's schema (only those of `tools` when given)."""
@@ -181,7 +197,8 @@ def help_text(config_name: str) -> str:
 
 def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig], int],
         shim: Callable[[list[str]], list[str]] | None = None) -> int:
-    """The CLI of app `config_name`: `-h`/`--help`, `-v`, `--cfg`, then `work(cfg)`'s exit code; ConfigError: one
+    """The CLI of app `config_name`: `-h`/`--help`, `-v`, `--cfg`, `-m`/`--multirun` (one `work` per combination of
+    the sweep overrides, run one after another in this process), then `work(cfg)`'s exit code; ConfigError: one
     line on stderr, exit code 2; Ctrl-C (KeyboardInterrupt, its message saying how to resume): exit code 130.
     `shim` rewrites the app's own argument forms into overrides first."""
     from phasefix.console import verbose_flag
@@ -192,13 +209,22 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
         return 0
     argv, verbose = verbose_flag(argv)
     show_cfg = "--cfg" in argv
-    argv = [a for a in argv if a != "--cfg"]
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    argv = [a for a in argv if a not in ("--cfg", "-m", "--multirun")]
     try:
-        cfg = compose((shim(argv) if shim else argv) + (["verbose=true"] if verbose else []), config_name)
+        words = (shim(argv) if shim else argv) + (["verbose=true"] if verbose else [])
+        jobs = sweep(words) if multirun else [words]
+        cfgs = [compose(job, config_name) for job in jobs]  # every job's config is checked before any work
         if show_cfg:
-            print(OmegaConf.to_yaml(cfg))
+            print("\n---\n".join(OmegaConf.to_yaml(cfg) for cfg in cfgs))
             return 0
-        return work(cfg)
+        for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
+            if multirun:
+                print(f"[multirun] job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
+            rc = work(cfg)
+            if rc:  # as Hydra's basic launcher: the sweep stops at the first failed job
+                return rc
+        return 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -208,4 +234,4 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
 
 
 __all__ = ["SCHEMAS", "compose", "config_keys", "help_text", "one_line_error", "option_lines", "options",
-           "overrides", "quoted", "run", "unknown_key"]
+           "overrides", "quoted", "run", "sweep", "unknown_key"]

@@ -162,6 +162,22 @@ def test_a_periodic_checkpoint_is_written_after_its_steps_metrics(tmp_path):
     assert seen == {10: list(range(10)), 20: list(range(20))}  # batch b is logged at step b
 
 
+def test_multirun_sweeps_seeds_one_run_each_and_checks_every_job_first(tmp_path, monkeypatch, capsys):
+    """`-m seed=0,1`: two runs, one per seed, in one command (Hydra's sweep syntax); a bad value in any job of a
+    sweep fails with one line before the first job trains."""
+    monkeypatch.setenv("PHASEFIX_OUTPUTS", str(tmp_path / "outputs"))
+    uri = f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert main(["-m", "seed=0,1", "model=tiny,tiny_typo", *FAST, "trainer.max_steps=4", uri]) == 2
+    assert "model=tiny_typo is invalid" in capsys.readouterr().err  # the fourth job's config, before the first trains
+    assert not c.search_experiments() or not c.search_runs([e.experiment_id for e in c.search_experiments()])
+    assert main(["-m", "seed=0,1", *FAST, "trainer.max_steps=4", "trainer.val_every_n_steps=4", uri]) == 0
+    assert capsys.readouterr().out.count("[multirun] job") == 2
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    assert sorted(r.data.params["seed"] for r in runs) == ["0", "1"]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+
+
 def test_sigterm_ends_the_run_killed(tmp_path):
     """SIGTERM (a scheduler, `kill`) mid-training: the MLflow run ends KILLED, not RUNNING or FAILED."""
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
