@@ -250,8 +250,12 @@ def test_a_study_continues_on_a_new_storage_from_its_trials_csv(tmp_path, mlflow
     assert {t.number for t in moved.best_trials} == {t.number for t in original.best_trials} - {3}
 
     # rerunning the same command continues the study and no longer imports
-    res = run_study(path, n_trials=6, storage=fresh, fit_fn=fake, import_from=edited)
-    assert res["counts"]["COMPLETE"] + res["counts"]["PRUNED"] == 6 and len(load(path, fresh)[1].trials) == 6
+    res = run_study(path, n_trials=8, storage=fresh, fit_fn=fake, import_from=edited)
+    assert res["counts"]["COMPLETE"] + res["counts"]["PRUNED"] == 8 and len(load(path, fresh)[1].trials) == 8
+    # which parameters matter: the fake's mean depends on lr alone
+    imp = [r for r in res["importances"] if r["objective"] == "final/prefix/acc_mean"]
+    assert imp[0]["param"] == "lr" and imp[0]["importance"] > 0.5
+    assert (tmp_path / "reports" / "moved" / "importances.csv").exists()
 
 
 # ------------------------------------------------------------------------------------------------ real fits

@@ -1,5 +1,6 @@
 """The study's report: `pareto.csv` (the Pareto front from Optuna's `study.best_trials`), `trials.csv` (every
-trial), `pareto.png`, logged to the MLflow parent run and printed as a table."""
+trial), `importances.csv` (Optuna's parameter importances per objective), `pareto.png`, logged to the MLflow
+parent run and printed as a table."""
 from __future__ import annotations
 
 import csv
@@ -128,6 +129,32 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
     return len(trials)
 
 
+MIN_TRIALS_FOR_IMPORTANCE = 5
+
+
+def importances(spec: StudySpec, study) -> list[dict]:
+    """Which parameters matter: Optuna's fANOVA parameter importances (the share of each objective's variance a
+    param explains, from a random forest over the trials; seeded, so a report is reproducible) for each objective,
+    over the complete trials and the params all of them have (a mitigation's weight, sampled only when it is on,
+    enters through the mitigation set). Rows {objective, param, importance}, largest first; [] with fewer than
+    MIN_TRIALS_FOR_IMPORTANCE complete trials or when the complete trials share no varied param."""
+    import optuna
+    from optuna.importance import FanovaImportanceEvaluator
+
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
+        return []
+    rows = []
+    for i, metric in enumerate(spec.metric_names):
+        try:
+            imp = optuna.importance.get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0),
+                                                          target=lambda t, i=i: t.values[i])
+        except (RuntimeError, ValueError):  # no param varies across the complete trials
+            return []
+        rows += [{"objective": metric, "param": p, "importance": round(v, 4)} for p, v in imp.items()]
+    return rows
+
+
 def pareto_trials(spec: StudySpec, study) -> list:
     """The Pareto front of the complete trials (Optuna's `best_trials`: feasible ones only when the study has
     constraints), best first objective first."""
@@ -171,6 +198,9 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
     front_rows = trial_rows(spec, study, front)
     write_csv(out / "pareto.csv", front_rows)
     write_csv(out / "trials.csv", trial_rows(spec, study, trials))
+    imp = importances(spec, study)
+    if imp:
+        write_csv(out / "importances.csv", imp)
     from phasefix import plots
 
     plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE"], front), out / "pareto.png")
@@ -178,12 +208,17 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
     if log_to_mlflow:
         best = {m: (max if d == "maximize" else min)(r[m] for r in front_rows)
                 for m, d in zip(spec.metric_names, spec.directions) if front_rows}
-        runs.log_report(study, [out / "pareto.png", out / "pareto.csv", out / "trials.csv"], n, best)
+        runs.log_report(study, [out / "pareto.png", out / "pareto.csv", out / "trials.csv",
+                                *([out / "importances.csv"] if imp else [])], n, best)
     parent = study.user_attrs.get(runs.PARENT_ATTR)
     if not quiet:
         print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete, {n['PRUNED']} pruned, "
               f"{n['FAIL']} failed, {n['RUNNING']} running, {n['WAITING']} waiting; MLflow parent run {parent}")
         print(f"Pareto front ({len(front)} trials, best {spec.metric_names[0]} first):")
         print(format_table(front_rows))
-        print(f"reports: {out}/pareto.csv, pareto.png, trials.csv")
-    return {"pareto": front_rows, "dir": out, "counts": n, "parent_run_id": parent}
+        for metric in spec.metric_names:
+            top = [f"{r['param']} {r['importance']:.2f}" for r in imp if r["objective"] == metric]
+            if top:
+                print(f"parameter importance for {metric}: {', '.join(top)}")
+        print(f"reports: {out}/pareto.csv, pareto.png, trials.csv{', importances.csv' if imp else ''}")
+    return {"pareto": front_rows, "dir": out, "counts": n, "parent_run_id": parent, "importances": imp}
