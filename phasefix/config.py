@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from phasefix.data.layout import PADDINGS
+from phasefix.data.lm_mix import LMMixConfig
+from phasefix.data.retrieval import RetrievalConfig
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.model.config import ModelConfig
 
@@ -64,9 +66,22 @@ class LoggerConfig:
 
 
 @dataclass
+class RetrievalData(RetrievalConfig):
+    """The `data` group's schema for the retrieval task (conf/data/retrieval.yaml): RetrievalConfig's keys and
+    defaults, and the kind that selects it."""
+    kind: str = "retrieval"
+
+
+@dataclass
+class LMMixData(LMMixConfig):
+    """The `data` group's schema for the LM mix (conf/data/lm_mix.yaml)."""
+    kind: str = "lm_mix"
+
+
+@dataclass
 class FitConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Any = MISSING  # RetrievalData or LMMixData: the data group's choice (conf/data) brings its schema
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -180,6 +195,8 @@ class AnalyzeConfig:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
+    cs.store(group="data", name="retrieval_schema", node=RetrievalData)
+    cs.store(group="data", name="lm_mix_schema", node=LMMixData)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="analyze_schema", node=AnalyzeConfig)
 
