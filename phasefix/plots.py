@@ -30,8 +30,9 @@ from phasefix.data.layout import PADDINGS  # noqa: E402
 
 
 def save(fig, path: str | Path) -> None:
-    """The figure as a PNG at 110 dpi (every figure file phasefix writes), then closed."""
-    fig.savefig(path, dpi=110)
+    """The figure as a PNG at 110 dpi (every figure file phasefix writes), then closed; cropped to what is drawn, so
+    a legend placed outside the axes is never cut off."""
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.08)
     plt.close(fig)
 
 
@@ -365,7 +366,7 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
                plt.matplotlib.patches.Patch(color="tab:red", alpha=0.15, label="boundary phase S-1"),
                plt.Line2D([], [], color="grey", lw=0.6, ls=":", label="window start")]
     fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=7, frameon=False, bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(f"{padding} padding", fontsize=9, y=0.955)
+    fig.suptitle(f"{padding} padding", fontsize=9, x=0.01, y=0.995, ha="left", va="top")  # beside the legend row
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
 

@@ -116,7 +116,7 @@ def test_gate_diversity_per_head_includes_the_value_branch():
     gates = gates_from([torch.stack([UNIFORM, UNIFORM])])
     gates[0]["value"] = gates_from([ONE_HOT[[1, 2]]])[0]["key"]  # uniform keys, collapsed values
     (m,) = build_mitigations({"gate_diversity": None})
-    assert m.mode == "per_head" and m.branch == "both" and m.weight == 1.0
+    assert m.mode == "per_head" and m.branch == "both" and m.weight == 0.1
     assert term("gate_diversity", cfg, gates) == pytest.approx(0.5)  # (0 + 0 + 1 + 1) / 4
     assert term("gate_diversity", cfg, gates, branch="key") == pytest.approx(0, abs=1e-6)
     assert term("gate_diversity", cfg, gates, branch="value") == pytest.approx(1.0)

@@ -88,7 +88,7 @@ class GateDiversity(GateMitigation):
     """
 
     name = "gate_diversity"
-    defaults = {"mode": "per_head", "branch": None, "weight": 1.0, "layout": "block", "strength": None,
+    defaults = {"mode": "per_head", "branch": None, "weight": 0.1, "layout": "block", "strength": None,
                 "value_shift": 1, "freeze_bias": False, "start_step": 0, "ramp_steps": 0}
 
     def validate(self):
