@@ -280,7 +280,7 @@ def runs_phase_curves(rows: Sequence[Mapping], curves: Mapping):
         ax.set_xlabel("residue of the target key position")
         ax.set_ylabel("accuracy")
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=6, loc="lower left")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the curves
     fig.tight_layout()
     return fig
 

@@ -1,7 +1,7 @@
 """A trained run's home: its output directory, config, checkpoints and MLflow run id (issue 20, first step).
 
 Every command that names a run (`fit resume=`, `evaluate model=`, `analyze run=`, `report runs=`) goes through
-`Run.open(spec)`, or through `resolve_run_id` when only the MLflow run is needed. `spec` is one of
+`Run.open(spec)`, or through `tracking.resolve_run_id` when only the MLflow run is needed. `spec` is one of
 
   last                     the run trained most recently (newest checkpoints/last.ckpt under the outputs directory)
   a run output directory   outputs/<date>/<time>-<name>/ (run.json, config.yaml, checkpoints/)
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 
-from phasefix.errors import ConfigError, check
+from phasefix.errors import check
+from phasefix.tracking import resolve_run_id
 from phasefix.paths import OUTPUTS_DIR
 
 RUN_FILE = "run.json"
@@ -26,32 +26,6 @@ RUN_SPEC = "'last', an MLflow run id (or a unique prefix of one), a run output d
 
 def outputs_dir() -> Path:
     return Path(os.environ.get("PHASEFIX_OUTPUTS") or OUTPUTS_DIR)
-
-
-def resolve_run_id(c, spec: str, key: str = "run") -> str:
-    """The full MLflow run id that `spec` (a run id or any unique prefix of one) names, in the store of client `c`;
-    ConfigError naming `key` when no run or several runs match (listing them)."""
-    from mlflow.entities import ViewType
-
-    spec = str(spec).strip()
-    check(bool(re.fullmatch(r"[0-9a-fA-F]{1,32}", spec)), key, spec,
-          f"no such MLflow run in {c.tracking_uri} (a run id is 32 hex digits; any unique prefix of one works)")
-    spec = spec.lower()
-    if len(spec) == 32:
-        try:
-            return c.get_run(spec).info.run_id
-        except Exception:
-            raise ConfigError(f"{key}={spec!r} is invalid: no such MLflow run in {c.tracking_uri}") from None
-    exps = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
-    matches = list(c.search_runs(exps, f"attributes.run_id LIKE '{spec}%'", max_results=11)) if exps else []
-    if not matches:
-        raise ConfigError(f"{key}={spec!r} is invalid: no MLflow run id in {c.tracking_uri} starts with it")
-    if len(matches) > 1:
-        listed = ", ".join(f"{r.info.run_id} ({r.info.run_name})" for r in matches[:10])
-        more = " and more" if len(matches) > 10 else ""
-        raise ConfigError(f"{key}={spec!r} is ambiguous: it starts the MLflow run ids {listed}{more}; "
-                          "give more characters")
-    return matches[0].info.run_id
 
 
 @dataclasses.dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from phasefix.errors import ConfigError, check
 from phasefix.paths import PROJECT_ROOT, default_tracking_uri
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -290,16 +292,38 @@ def _finite(v) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ reading runs back
+def resolve_run_id(c, spec: str, key: str = "run") -> str:
+    """The full MLflow run id that `spec` (a run id or any unique prefix of one) names, in the store of client `c`;
+    ConfigError naming `key` when no run or several runs match (listing them)."""
+    from mlflow.entities import ViewType
+
+    spec = str(spec).strip()
+    check(bool(re.fullmatch(r"[0-9a-fA-F]{1,32}", spec)), key, spec,
+          f"no such MLflow run in {c.tracking_uri} (a run id is 32 hex digits; any unique prefix of one works)")
+    spec = spec.lower()
+    if len(spec) == 32:
+        try:
+            return c.get_run(spec).info.run_id
+        except Exception:
+            raise ConfigError(f"{key}={spec!r} is invalid: no such MLflow run in {c.tracking_uri}") from None
+    exps = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    matches = list(c.search_runs(exps, f"attributes.run_id LIKE '{spec}%'", max_results=11)) if exps else []
+    if not matches:
+        raise ConfigError(f"{key}={spec!r} is invalid: no MLflow run id in {c.tracking_uri} starts with it")
+    if len(matches) > 1:
+        listed = ", ".join(f"{r.info.run_id} ({r.info.run_name})" for r in matches[:10])
+        more = " and more" if len(matches) > 10 else ""
+        raise ConfigError(f"{key}={spec!r} is ambiguous: it starts the MLflow run ids {listed}{more}; "
+                          "give more characters")
+    return matches[0].info.run_id
+
+
 def select_runs(c: MlflowClient, *, experiment: str | None = None, run_ids: "Sequence[str]" = (),
                 tags: Mapping[str, str] | None = None, kinds: "Sequence[str]" = ("fit", "evaluate")) -> list:
     """Runs by id or unique id prefix (in that order), or those of `experiment` whose tags all match and whose `phasefix.kind` is in
     `kinds` (oldest first). Raises ConfigError naming the option when nothing can be selected (phasefix.report)."""
-    from phasefix.errors import ConfigError
-
     tags = dict(tags or {})
     if run_ids:
-        from phasefix.run import resolve_run_id
-
         runs = [c.get_run(resolve_run_id(c, rid, key="runs")) for rid in run_ids]  # ids or unique prefixes
     else:
         exp = c.get_experiment_by_name(experiment or "phasefix")
