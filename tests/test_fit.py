@@ -342,10 +342,13 @@ def test_ctrl_c_checkpoints_the_step_exits_130_and_resume_last_continues(tmp_pat
     monkeypatch.setenv("PHASEFIX_OUTPUTS", str(tmp_path / "outputs"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    # as a terminal's Ctrl-C reaches it: a test suite started in the background (`pytest &`) ignores SIGINT, and a
+    # child inherits an ignored SIGINT, so the run would never see the signal
     proc = subprocess.Popen([sys.executable, "-m", "phasefix.fit", *FAST, "trainer.max_steps=100000",
                              "trainer.checkpoint_every_n_steps=100000", "trainer.log_every_n_steps=1",
                              "trainer.batch_size=16", f"logger.tracking_uri={uri}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     c = MlflowClient(tracking_uri=uri)
     run = wait_for_metric(c, "phasefix", "train/loss", 3, proc)
     proc.send_signal(signal.SIGINT)
