@@ -9,7 +9,7 @@ from typing import Any
 
 from phasefix.errors import check
 from phasefix.study import runs
-from phasefix.study.spec import PruneRule, StudySpec, base_mitigations, logged_name
+from phasefix.study.spec import PruneRule, StudySpec, logged_name, sampled_params
 
 FitFn = Callable[..., dict]  # (cfg, callbacks) -> summary, like phasefix.fit.fit
 # what a trial keeps as its user attr `metrics` (the objectives too), by their logged names
@@ -20,21 +20,14 @@ TRIAL_METRICS = ("final/prefix/acc_mean", "final/prefix/acc_worst", "final/prefi
 
 def suggest(trial, spec: StudySpec) -> list[str]:
     """Sample this trial's params (define-by-run: a mitigation's weights only when it is enabled); the overrides."""
-    enabled = base_mitigations(spec.base)
-    out: list[str] = []
-    for p in spec.params:
-        if p.requires and not set(p.requires) <= enabled:
-            continue
+    def choose(p):
         if p.type == "categorical":
-            v = trial.suggest_categorical(p.name, p.choices)
-            if p.sets_mitigations:
-                enabled |= p.mitigations(v)
-        elif p.type == "int":
-            v = trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
-        else:
-            v = trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
-        out += p.overrides(v)
-    return out
+            return trial.suggest_categorical(p.name, p.choices)
+        if p.type == "int":
+            return trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+        return trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
+
+    return [o for p, v in sampled_params(spec, choose) for o in p.overrides(v)]
 
 
 def metric_value(summary: dict, metric: str):

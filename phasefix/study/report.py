@@ -8,7 +8,7 @@ from pathlib import Path
 
 from phasefix.errors import check
 from phasefix.study import runs
-from phasefix.study.spec import StudySpec, base_mitigations, logged_name
+from phasefix.study.spec import StudySpec, logged_name, sampled_params
 
 # metrics a row shows besides the objectives (from the trial's user attr `metrics`)
 EXTRA_COLUMNS = ("final/prefix/acc_gap", "final/in_sequence/acc_mean", "final/in_sequence/acc_worst", "final/lm_loss",
@@ -94,16 +94,12 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
         state = row.get("state")
         if state not in ("COMPLETE", "PRUNED"):
             continue
-        enabled = base_mitigations(spec.base)
-        params, dists = {}, {}
-        for p in spec.params:
-            if p.requires and not set(p.requires) <= enabled:
-                continue
+        def cell(p, row=row):
             check(p.name in row, str(path), None, f"has no column {p.name!r} (a report of another search space?)")
-            params[p.name] = v = value(p, row[p.name])
-            dists[p.name] = distribution(p)
-            if p.sets_mitigations:
-                enabled |= p.mitigations(v)
+            return value(p, row[p.name])
+
+        params = dict((p.name, v) for p, v in sampled_params(spec, cell))
+        dists = {p.name: distribution(p) for p in spec.params if p.name in params}
         attrs = {"imported_from": f"{Path(path).name} trial {row['trial']}"}
         if row.get("mlflow_run_id"):
             attrs["mlflow_run_id"] = row["mlflow_run_id"]

@@ -421,6 +421,19 @@ def base_mitigations(base: Sequence[str]) -> set[str]:
     return set()
 
 
+def sampled_params(spec: StudySpec, choose):
+    """Walk the search space as a trial samples it: yields (param, value) for every param the trial has, `choose(p)`
+    giving the value; a mitigation's options only when the mitigation set chosen so far enables them."""
+    enabled = base_mitigations(spec.base)
+    for p in spec.params:
+        if p.requires and not set(p.requires) <= enabled:
+            continue
+        value = choose(p)
+        if p.sets_mitigations:
+            enabled |= p.mitigations(value)
+        yield p, value
+
+
 def validation_overrides(spec: StudySpec) -> list[list[str]]:
     """A few override lists covering every choice and both ends of every range (with every mitigation any
     choice enables), composed up front so that a misspelt key fails before any trial."""
