@@ -49,6 +49,10 @@ class Mitigation:
             self.check_number("weight", minimum=0.0)
         if "branch" in self.defaults:
             self.check_choice("branch", BRANCHES)
+        self.check_schedule()
+
+    def check_schedule(self) -> None:
+        """`start_step` and `ramp_steps` (the loss_ramp of a loss term), where the mitigation has them."""
         for key in ("start_step", "ramp_steps"):
             if key in self.defaults:
                 self.check_number(key, minimum=0, integer=True)

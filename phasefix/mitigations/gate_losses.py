@@ -102,8 +102,7 @@ class GateDiversity(GateMitigation):
         self.check_number("strength", minimum=0.0, nullable=True)
         self.check_number("value_shift", integer=True)
         self.check(isinstance(self.freeze_bias, bool), "freeze_bias", "must be true or false")
-        for key in ("start_step", "ramp_steps"):
-            self.check_number(key, minimum=0, integer=True)
+        self.check_schedule()
         self.needs_gates = self.mode != "hard"
 
     def configure_model(self, model_cfg):
