@@ -78,10 +78,12 @@ def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> 
 
 
 def config_keys(config_name: str = "fit") -> list[str]:
-    """Every key of the app's config, dotted (fit: both data kinds): what a misspelt key is matched against."""
+    """Every key of the app's config, dotted (fit: both data kinds and every mitigation's options): what a misspelt
+    key is matched against."""
     from phasefix.tracking import flatten
 
-    variants = ([], ["data=lm_mix"]) if config_name == "fit" else ([],)
+    mitigations = sorted(p.stem for p in (CONF_DIR / "mitigation").glob("*.yaml"))
+    variants = ([], ["data=lm_mix", f"+mitigation=[{','.join(mitigations)}]"]) if config_name == "fit" else ([],)
     keys = set()
     for overrides in variants:
         keys |= set(flatten(OmegaConf.to_container(compose(overrides, config_name), resolve=False)))

@@ -197,6 +197,11 @@ def register_configs() -> None:
     cs.store(name="fit_schema", node=FitConfig)
     cs.store(group="data", name="retrieval_schema", node=RetrievalData)
     cs.store(group="data", name="lm_mix_schema", node=LMMixData)
+    # conf/mitigation/<name>.yaml selects <name>_schema: the mitigation class's Options dataclass
+    from phasefix.mitigations import REGISTRY
+
+    for name, cls in REGISTRY.items():
+        cs.store(group="mitigation", name=f"{name}_schema", node=cls.Options, package=f"mitigation.{name}")
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="analyze_schema", node=AnalyzeConfig)
 

@@ -99,7 +99,7 @@ def attention_layer(cfg, P: dict, h: torch.Tensor, d) -> torch.Tensor:
     """One attention layer on the normed hidden states h [T, C] (float64) -> [T, C]; d: the grid offset, an int
     or one per KV head."""
     T = h.shape[0]
-    H, HKV, D, S, W = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.stride, cfg.window
+    H, HKV, D, S = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.stride
     G = H // HKV
     width = D if cfg.rope_dims is None else cfg.rope_dims
     qn = P.get("q_norm.weight") if cfg.qk_norm else None

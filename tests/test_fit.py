@@ -258,6 +258,14 @@ def test_misspelt_key_gets_a_suggestion(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "error: unknown key trainer.max_step; did you mean trainer.max_steps?"
     assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
+    # a mitigation's options come from its Options dataclass: misspelt or mistyped, refused before any run starts
+    assert main(["+mitigation=gate_diversity", "mitigation.gate_diversity.wieght=1"] + run_overrides(tmp_path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: unknown key mitigation.gate_diversity.wieght; did you mean "
+                   "mitigation.gate_diversity.weight?")
+    assert main(["+mitigation=head_coord", "mitigation.head_coord.weight=heavy"] + run_overrides(tmp_path)) == 2
+    assert capsys.readouterr().err.startswith("error: mitigation.head_coord.weight: Value 'heavy'")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 def test_help_is_the_hydra_template_with_groups_keys_and_examples(capsys):

@@ -14,7 +14,7 @@ from phasefix.errors import ConfigError
 from phasefix.mitigations import REGISTRY, build_mitigations, static_gate_distribution
 from phasefix.plots import gate_heatmap
 from phasefix.mitigations.gate_losses import slot_assignment
-from phasefix.mitigations.gates import effective_slots, empty_windows, slot_phases
+from phasefix.mitigations.gates import effective_slots
 from phasefix.model import CompressedQwen3, ModelConfig
 from phasefix.paths import CONF_DIR
 
@@ -501,10 +501,10 @@ def test_gate_heatmap(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ configs
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_yaml_options_equal_the_defaults(name):
+def test_yaml_selects_the_options_dataclass_and_repeats_no_default(name):
     text = (CONF_DIR / "mitigation" / f"{name}.yaml").read_text()
     assert text.splitlines()[0] == f"# @package mitigation.{name}"
-    assert yaml.safe_load(text) == REGISTRY[name].defaults
+    assert yaml.safe_load(text) == {"defaults": [f"{name}_schema", "_self_"]}  # the defaults live in Options only
 
 
 def _compose(tmp_path: Path, overrides: list[str]):
@@ -538,6 +538,13 @@ def test_composed_list_and_bad_overrides(tmp_path):
     bad = _compose(tmp_path, ["+mitigation=gate_diversity", "mitigation.gate_diversity.mode=firm"])
     with pytest.raises(ConfigError, match=r"mitigation\.gate_diversity\.mode"):
         build_mitigations(bad.mitigation)
+    # the Options dataclass is the schema: a misspelt or mistyped option fails at composition
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="wieght"):
+        _compose(tmp_path, ["+mitigation=head_coord", "mitigation.head_coord.wieght=0.3"])
+    with pytest.raises(ConfigCompositionException, match="weight"):
+        _compose(tmp_path, ["+mitigation=head_coord", "mitigation.head_coord.weight=heavy"])
     unknown = _compose(tmp_path, ["+mitigation=layer_coord", "+mitigation.layer_coord.wieght=1"])
     with pytest.raises(ConfigError, match=r"mitigation\.layer_coord\.wieght"):
         build_mitigations(unknown.mitigation)

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from phasefix import tracking
 from phasefix.metrics import PhaseAccuracy

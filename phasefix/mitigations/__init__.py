@@ -3,8 +3,8 @@
 `build_mitigations(cfg.mitigation)` validates every option and returns the `Mitigation`s the training loop calls:
 gate-diversity constraints (per head by default, the union, or a hard parametrisation), head and layer coordination
 losses on key and value gates, and the control baselines phase_jitter and
-staggered_offsets. Select them with `+mitigation=NAME` or `+mitigation=[a,b]`; options are the keys of
-conf/mitigation/NAME.yaml.
+staggered_offsets. Select them with `+mitigation=NAME` or `+mitigation=[a,b]`; each class's `Options` dataclass
+holds its options and defaults (the schema conf/mitigation/NAME.yaml selects).
 """
 from __future__ import annotations
 

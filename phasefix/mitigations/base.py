@@ -6,6 +6,7 @@ named scalar terms, already weighted, added to the LM loss and logged as `train/
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -25,13 +26,25 @@ def loss_ramp(step: int, start_step: int = 0, ramp_steps: int = 0) -> float:
     return min(1.0, (step - start_step + 1) / ramp_steps) if ramp_steps > 0 else 1.0
 
 
+@dataclasses.dataclass
+class NoOptions:
+    pass
+
+
 class Mitigation:
-    """Base class: every hook is a no-op. Subclasses set `name`, `defaults` (the options, equal to the keys of
-    conf/mitigation/<name>.yaml) and validate their options in `validate()` with `self.check`."""
+    """Base class: every hook is a no-op. Subclasses set `name` and `Options`, a dataclass of the options and their
+    defaults (the one source: it is also the Hydra schema of conf/mitigation/<name>.yaml, so a misspelt or mistyped
+    option fails at composition), and check values in `validate()` with `self.check` (options given in Python
+    skip Hydra's type check)."""
 
     name: ClassVar[str] = "mitigation"
-    defaults: ClassVar[dict[str, Any]] = {}
+    Options: ClassVar[type] = NoOptions
+    defaults: ClassVar[dict[str, Any]] = {}  # derived from Options for every subclass
     needs_gates: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.defaults = dataclasses.asdict(cls.Options())
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.defaults))

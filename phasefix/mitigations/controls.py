@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
@@ -13,6 +14,16 @@ IGNORE_INDEX = -100
 JITTER_MODES = ("pad", "crop")
 
 
+@dataclass
+class PhaseJitterOptions:
+    """`+mitigation=phase_jitter`: the options and their defaults."""
+
+    max_shift: int | None = None  # null: stride - 1
+    mode: str = "pad"  # pad: T grows by max_shift, nothing dropped; crop: T kept, the last k tokens dropped
+    keep_first: int = 1  # tokens kept in place before the filler (the BOS)
+    filler_token: int = 1  # the filler's token id (1 = the first filler token of the retrieval vocab)
+
+
 class PhaseJitter(Mitigation):
     """Shift every training sequence by a random k in [0, max_shift] (default S-1) tokens: k filler tokens go in
     after the first `keep_first` tokens (the BOS), so each token's phase moves by k while labels stay aligned (the
@@ -21,7 +32,7 @@ class PhaseJitter(Mitigation):
     already shows every phase in training."""
 
     name = "phase_jitter"
-    defaults = {"max_shift": None, "mode": "pad", "keep_first": 1, "filler_token": 1}
+    Options = PhaseJitterOptions
 
     def validate(self):
         super().validate()
@@ -58,13 +69,20 @@ class PhaseJitter(Mitigation):
         return ids.to(input_ids.dtype), lab.to(labels.dtype)
 
 
+@dataclass
+class StaggeredOffsetsOptions:
+    """`+mitigation=staggered_offsets`: the options and their defaults."""
+
+    offsets: list[int] | None = None  # null: layer l gets floor(l * S / L); or offsets in [0, S), cycled over layers
+
+
 class StaggeredOffsets(Mitigation):
     """Each layer compresses on its own grid: layer l gets offset d_l = floor(l*S/L) (spread over [0, S)), or the
     given `offsets` (cycled over layers), so a phase that is one layer's boundary is another's interior. Same
     windows, same stride: the compression ratio is unchanged."""
 
     name = "staggered_offsets"
-    defaults = {"offsets": None}
+    Options = StaggeredOffsetsOptions
 
     def validate(self):
         super().validate()

@@ -7,6 +7,7 @@ costs a mean over [B, N, W, HKV] and a few [HKV, W]-sized ops per layer: negligi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -66,6 +67,24 @@ def slot_assignment(window: int, num_kv_heads: int, layout: str = "block") -> to
     return slot == i
 
 
+@dataclass
+class GateDiversityOptions:
+    """`+mitigation=gate_diversity` (conf/mitigation/gate_diversity.yaml): the options and their defaults."""
+
+    mode: str = "per_head"  # per_head | soft | hard (GateDiversity's docstring; docs/mitigations.md)
+    branch: str | None = None  # key | value | both; null: both for per_head, key for soft and hard
+    # per_head and soft; the term lies in [0, 1] (retrieval loss at chance: log 64 = 4.2); a study searches 0.03..10.
+    # coverage_w8s8: 0.1 closed the weak phases in 2 of 3 seeds, 1.0 kept the gates uniform and slowed learning.
+    weight: float = 0.1
+    start_step: int = 0  # the term is off before this training step (let the model leave the plateau first) ...
+    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
+    # hard mode only:
+    layout: str = "block"  # block: contiguous slots per head (anchors W/HKV apart); interleaved: slot i -> head i mod HKV
+    strength: float | None = None  # null: mask the other slots (hard); a number: a fixed anchor of that many logits
+    value_shift: int = 1  # the value gate's assignment is the key's shifted by this many slots
+    freeze_bias: bool = False  # also zero and freeze the learned per-slot gate bias b_i
+
+
 class GateDiversity(GateMitigation):
     """Gate diversity: no head settles on a fixed slot (per_head), the heads together cover every slot (soft), or
     the heads cannot collapse at all (hard).
@@ -88,8 +107,7 @@ class GateDiversity(GateMitigation):
     """
 
     name = "gate_diversity"
-    defaults = {"mode": "per_head", "branch": None, "weight": 0.1, "layout": "block", "strength": None,
-                "value_shift": 1, "freeze_bias": False, "start_step": 0, "ramp_steps": 0}
+    Options = GateDiversityOptions
 
     def validate(self):
         self.check_number("weight", minimum=0.0)
@@ -157,6 +175,16 @@ def phase_coverage(config: ModelConfig, layer: int, branch: str, P: torch.Tensor
     return torch.einsum("hw,hws->hs", P, answered_phases(config, layer, branch, P.device))
 
 
+@dataclass
+class CoordOptions:
+    """`+mitigation=head_coord` and `+mitigation=layer_coord`: the options and their defaults."""
+
+    branch: str = "both"  # key | value | both
+    weight: float = 1.0  # the term lies in [0, 1] (retrieval loss at chance: log 64 = 4.2); search 0.1..10, log scale
+    start_step: int = 0  # the term is off before this training step ...
+    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
+
+
 class HeadCoord(GateMitigation):
     """KV heads of one layer specialise on complementary phases: the mean pairwise overlap of their static phase
     distributions q_h (`phase_coverage`), plus the mean mass the heads put on the slot that answers nothing,
@@ -165,7 +193,7 @@ class HeadCoord(GateMitigation):
     that answers nothing costs as much as a collision, so no head escapes the overlap onto the boundary)."""
 
     name = "head_coord"
-    defaults = {"branch": "both", "weight": 1.0, "start_step": 0, "ramp_steps": 0}
+    Options = CoordOptions
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
@@ -195,7 +223,7 @@ class LayerCoord(GateMitigation):
     slots: layers with different grid offsets (or W > S) are compared on the tokens they read."""
 
     name = "layer_coord"
-    defaults = {"branch": "both", "weight": 1.0, "start_step": 0, "ramp_steps": 0}
+    Options = CoordOptions
 
     def configure_model(self, model_cfg):
         super().configure_model(model_cfg)
