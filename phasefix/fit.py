@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -140,7 +139,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from phasefix.data.lm_mix import LMMixConfig
     from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
                                   TrainClock)
-    from phasefix.run import Run, outputs_dir
+    from phasefix.run import Run
 
     console.quiet(bool(cfg.get("verbose")))
     run, start_step, before_seconds = None, 0, 0.0
@@ -155,10 +154,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                   "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
             return previous
     p = plan(cfg)  # raises ConfigError before anything is written
-    if run is None and cfg.output_dir:  # a new run never mixes with another's checkpoints (Lightning would load them)
-        d = Path(cfg.output_dir)
-        check(not (d / "run.json").exists() and not (d / "checkpoints").exists(), "output_dir", cfg.output_dir,
-              f"holds a run already: continue it with resume={d}, or choose another directory")
+    out_dir = Run.new_dir(cfg.output_dir, run_name(cfg)) if run is None else run.dir  # checked, not created yet
     model_cfg, data_cfg = p["model"], p["data"]
     is_lm_mix = isinstance(data_cfg, LMMixConfig)
     resolved = C.to_container(cfg)
@@ -174,8 +170,6 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
     c = tracking.client(run.tracking_uri if run is not None else cfg.logger.tracking_uri)  # a resumed run: its store
     if run is None:
-        out_dir = Path(cfg.output_dir) if cfg.output_dir else (
-            outputs_dir() / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{run_name(cfg)}")
         mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
         run_id = tracking.create_run(c, cfg.logger.experiment_name, run_name(cfg), tags={
             "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
@@ -187,7 +181,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
         run = Run.create(out_dir, run_id, c.tracking_uri, OmegaConf.to_yaml(cfg, resolve=True))
     else:
-        out_dir, run_id = run.dir, run.run_id
+        run_id = run.run_id
         tracking.rewind(c, run_id, step=start_step)  # the points this piece logs again (from the checkpoint on)
         tracking.set_tags(c, run_id, {"resumed_from": f"{run.checkpoint()} (step {start_step})"})
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps

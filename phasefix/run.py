@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from datetime import datetime
 from pathlib import Path
 
 from phasefix.errors import check
@@ -83,6 +84,18 @@ class Run:
 
         info = read_json(d / RUN_FILE) if (d / RUN_FILE).exists() else {}
         return cls(d, info.get("mlflow_run_id"), tracking_uri or info.get("tracking_uri"), ckpt)
+
+    @staticmethod
+    def new_dir(output_dir: str | None, name: str) -> Path:
+        """Where a new run lives: `output_dir` as given, refused when it already holds a run (Lightning would load
+        that run's checkpoints), else <outputs>/<date>/<time>-<name>. Nothing is created yet."""
+        if output_dir:
+            d = Path(output_dir)
+            check(not (d / RUN_FILE).exists() and not (d / "checkpoints").exists(), "output_dir", output_dir,
+                  f"holds a run already: continue it with resume={d}, or choose another directory")
+            return d
+        now = datetime.now()
+        return outputs_dir() / f"{now:%Y-%m-%d}" / f"{now:%H%M%S}-{name}"
 
     @classmethod
     def create(cls, out_dir: Path, run_id: str, tracking_uri: str, config_yaml: str) -> "Run":
