@@ -258,6 +258,37 @@ def test_a_study_continues_on_a_new_storage_from_its_trials_csv(tmp_path, mlflow
     assert (tmp_path / "reports" / "moved" / "importances.csv").exists()
 
 
+def test_confirm_ranks_goal_meeting_feasible_distinct_trials_first(tmp_path, mlflow_db):
+    """top_trials on hand-built trials: the goal (worst >= 0.9 x mean) first, then worst, then mean; infeasible
+    and duplicate trials left out; each trial's overrides are its params as suggest turns them into overrides."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from phasefix.study.confirm import top_trials, trial_overrides
+
+    from phasefix.study import load_spec
+
+    spec = load_spec(write_study(tmp_path, mlflow_db, name="ranked"))
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    dists = {"mitigations": CategoricalDistribution(["none", "gate_diversity", "gate_diversity+head_coord"]),
+             "lr": FloatDistribution(1e-3, 1e-2, log=True)}
+    table = [  # (mean, worst, feasible, lr): ranks 2, 1, left out (infeasible), 3, left out (duplicate of #1)
+        (0.95, 0.90, True, 0.002), (0.80, 0.78, True, 0.003), (1.0, 1.0, False, 0.004), (1.0, 0.85, True, 0.005),
+        (0.80, 0.78, True, 0.003)]
+    for mean, worst, ok, lr in table:
+        study.add_trial(optuna.trial.create_trial(
+            values=[mean, worst], params={"mitigations": "none", "lr": lr}, distributions={
+                k: dists[k] for k in ("mitigations", "lr")}, user_attrs={"constraints": [-1.0 if ok else 1.0]}))
+    assert [t.number for t in top_trials(spec, study, 5)] == [0, 1, 3]
+    assert [t.number for t in top_trials(spec, study, 2)] == [0, 1]
+    assert trial_overrides(spec, study.trials[1]) == ["optim.lr=0.003"]
+    gd = optuna.trial.create_trial(values=[0.5, 0.5], params={"mitigations": "gate_diversity",
+                                                              "gate_diversity_weight": 0.2, "lr": 0.002},
+                                   distributions={**dists, "gate_diversity_weight": FloatDistribution(0.01, 1, log=True)})
+    assert trial_overrides(spec, gd) == ["+mitigation=[gate_diversity]", "mitigation.gate_diversity.weight=0.2",
+                                         "optim.lr=0.002"]
+
+
 # ------------------------------------------------------------------------------------------------ real fits
 def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, mlflow_db, capsys):
     from mlflow.tracking import MlflowClient
@@ -304,6 +335,55 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
 
     assert main([str(path), "--report"]) == 0  # on demand, without running trials
     assert "Pareto front" in capsys.readouterr().out
+
+
+def test_confirm_reruns_the_best_trial_and_the_baseline_on_fresh_seeds_and_continues(tmp_path, mlflow_db, capsys):
+    """confirm=1 after a study: real fits of the best trial and of the baseline on seeds 1 and 2 (tagged regime, arm,
+    seed; the trial's lr; the baseline without mitigation), the decisive table over them, and a rerun that has
+    nothing left to do. The study's own trials (seed 0) use the cheap objective."""
+    from mlflow.tracking import MlflowClient
+
+    from phasefix.study import run_study
+    from phasefix.study.__main__ import main
+
+    _, fake = fake_env(tmp_path, "plain")
+    path = write_study(tmp_path, mlflow_db, name="confirmed", n_trials=3,
+                       confirm={"seeds": [1, 2], "baseline": ["optim.lr=0.004"]})
+    assert run_study(path, workers=1, fit_fn=fake)["rc"] == 0
+    spec, study = load(path)
+    # the fake's worst = 0.5 + 0.4 x gate_diversity weight, its mean = 1 - 50 |lr - 3e-3|
+    best = max(study.trials, key=lambda t: (t.values[1] >= 0.9 * t.values[0], t.values[1], t.values[0]))
+    assert main([f"spec={path}", "confirm=1"]) == 0
+    out = capsys.readouterr().out
+    assert f"arms baseline, t{best.number}, seeds [1, 2]" in out
+
+    c = MlflowClient(tracking_uri=mlflow_db)
+    exp = c.get_experiment_by_name(study.user_attrs["mlflow_experiment"])
+    runs = c.search_runs([exp.experiment_id], "tags.study_confirm = 'confirmed'")
+    got = sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in runs)
+    assert got == [("baseline", "1"), ("baseline", "2"), (f"t{best.number}", "1"), (f"t{best.number}", "2")]
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.tags["regime"] == "confirmed"
+        assert "mlflow.parentRunId" not in r.data.tags  # outside the study
+        if r.data.tags["arm"] == "baseline":
+            assert float(r.data.params["optim.lr"]) == 0.004 and r.data.tags["mitigations"] == "none"
+        else:
+            assert float(r.data.params["optim.lr"]) == pytest.approx(best.params["lr"], rel=1e-9)
+    table = (tmp_path / "reports" / "confirmed" / "confirm" / "decisive.csv").read_text().splitlines()
+    prefix = [line for line in table[1:] if ",prefix," in line]
+    assert [line.split(",")[1] for line in prefix] == ["baseline", f"t{best.number}"]
+    assert all(line.split(",")[3] == "2" for line in prefix)  # two seeds each
+    arms = (tmp_path / "reports" / "confirmed" / "confirm" / "arms.md").read_text()
+    assert "| baseline | - | - | `optim.lr=0.004` |" in arms and f"| t{best.number} | {best.number} |" in arms
+
+    assert main([f"spec={path}", "confirm=1"]) == 0  # everything done: no new run
+    assert "(4 done)" in capsys.readouterr().out
+    assert len(c.search_runs([exp.experiment_id], "tags.study_confirm = 'confirmed'")) == 4
+    with pytest.raises(ConfigError, match="confirm.seeds"):
+        from phasefix.study.confirm import run_confirm
+
+        write_study(tmp_path, mlflow_db, name="confirmed", n_trials=3, confirm={"seeds": [0, 1]})
+        run_confirm(path, 1)
 
 
 # ------------------------------------------------------------------------------------------------ workers

@@ -8,6 +8,7 @@ commands in docs/studies.md. The modules, in the order a study uses them:
 - `runner`: the RDB storage with heartbeats and retries, the sampler, the budget loop, worker processes, `run_study`;
 - `report`: the Pareto front (Optuna's `best_trials`), CSV and PNG files;
 - `runs`: the study's MLflow parent run and the corrections to trial runs;
+- `confirm`: the best trials re-run on fresh seeds beside the unmitigated model (`confirm=k`);
 - `__main__`: the command line.
 """
 from phasefix.study.objective import make_objective, metric_value, pruning_callback, suggest

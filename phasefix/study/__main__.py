@@ -33,6 +33,7 @@ class StudyCliConfig:
     workers: int = 1  # worker processes on this machine
     report: bool = False  # only write and print the Pareto report
     import_trials: str | None = None  # a trials.csv whose finished trials start the study on a new storage
+    confirm: int = 0  # k > 0: re-run the k best trials and the unmitigated model on fresh seeds (no new trials)
     verbose: bool = False
 
 
@@ -74,6 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def work(cfg) -> int:
         check(cfg.spec is not None, "spec", None, "must name the study file, e.g. spec=studies/mean_vs_worst.yaml")
+        check(cfg.confirm >= 0, "confirm", cfg.confirm, "must be >= 0 (the number of best trials to re-run)")
+        if cfg.confirm:
+            from phasefix.study.confirm import run_confirm
+
+            return run_confirm(cfg.spec, cfg.confirm, cfg.storage, cfg.workers, import_from=cfg.import_trials)["rc"]
         return run_study(cfg.spec, cfg.n_trials, cfg.storage, cfg.workers, cfg.report,
                          import_from=cfg.import_trials)["rc"]
 

@@ -210,6 +210,21 @@ def spawn_workers(spec: StudySpec, url: str, n_trials: int, k: int, fit_fn: FitF
 
 
 # ------------------------------------------------------------------------------------------------ the CLI's work
+def open_or_import(spec: StudySpec, url: str, import_from: str | Path | None = None):
+    """The study (created when new); a new, empty one starts from the finished trials of `import_from`."""
+    if import_from is not None:
+        check(Path(import_from).is_file(), "import_trials", str(import_from), "must be an existing trials.csv")
+    study = open_study(spec, url, create=True)
+    if import_from is not None:
+        if study.get_trials(deepcopy=False):
+            print(f"[study] {spec.name} already has trials in its storage: import_trials={import_from} ignored",
+                  flush=True)
+        else:
+            print(f"[study] {spec.name}: {import_trials(spec, study, import_from)} finished trials imported from "
+                  f"{import_from}", flush=True)
+    return study
+
+
 def run_study(path: str | Path, n_trials: int | None = None, storage: str | None = None, workers: int = 1,
               report_only: bool = False, fit_fn: FitFn | None = None, import_from: str | Path | None = None) -> dict:
     """Validate, create or resume the study, run the workers, report. `import_from`: a trials.csv whose finished
@@ -227,14 +242,7 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     if report_only:
         return {**report(spec, load_study(spec, url), url), "rc": 0}
     validate(spec)
-    study = open_study(spec, url, create=True)
-    if import_from is not None:
-        if study.get_trials(deepcopy=False):
-            print(f"[study] {spec.name} already has trials in its storage: import_trials={import_from} ignored",
-                  flush=True)
-        else:
-            print(f"[study] {spec.name}: {import_trials(spec, study, import_from)} finished trials imported from "
-                  f"{import_from}", flush=True)
+    study = open_or_import(spec, url, import_from)
     runs.ensure_parent_run(spec, study, url)
     n = counts(study)
     print(f"[study] {spec.name}: {runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "

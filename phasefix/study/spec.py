@@ -17,7 +17,8 @@ from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import OUTPUTS_DIR
 
 TOP_KEYS = ("name", "description", "base", "params", "objectives", "constraints", "sampler", "n_trials", "timeout",
-            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name")
+            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name", "confirm")
+CONFIRM_KEYS = ("seeds", "baseline")
 PARAM_KEYS = ("choices", "high", "log", "low", "override", "requires", "step", "type")
 PARAM_TYPES = ("categorical", "int", "float", "logfloat")
 SAMPLER_KEYS = {"tpe": ("type", "seed", "n_startup_trials", "multivariate"),
@@ -131,6 +132,8 @@ class StudySpec:
     reports_dir: Path | None = None
     experiment_name: str | None = None
     description: str = ""
+    confirm_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])  # `confirm=k`: fresh seeds ...
+    confirm_baseline: list[str] = field(default_factory=list)  # ... and the unmitigated model (overrides on base)
     raw: dict = field(default_factory=dict)
 
     @property
@@ -273,7 +276,8 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
           "must be a list of key=value overrides")
     sections = dict(params=_parse_params(raw.get("params"), base), objectives=_parse_objectives(raw.get("objectives")),
                     constraints=_parse_constraints(raw.get("constraints")), sampler=_parse_sampler(raw.get("sampler")),
-                    **_parse_storage(raw.get("storage")), pruning=_parse_pruning(raw.get("pruning")))
+                    **_parse_storage(raw.get("storage")), pruning=_parse_pruning(raw.get("pruning")),
+                    **_parse_confirm(raw.get("confirm")))
     n_trials = _num("n_trials", raw.get("n_trials", 20), int)
     check(n_trials >= 1, "n_trials", n_trials, "must be >= 1")
     timeout = raw.get("timeout")
@@ -370,6 +374,21 @@ def _parse_sampler(raw) -> dict:
     if "population_size" in sampler:
         check(sampler["population_size"] >= 2, "sampler.population_size", sampler["population_size"], "must be >= 2")
     return sampler
+
+
+def _parse_confirm(raw) -> dict:
+    """`confirm: {seeds: [1, 2, 3], baseline: [overrides]}`: what `confirm=k` re-runs the best trials on."""
+    raw = raw or {}
+    check(isinstance(raw, dict), "confirm", raw, "must be a mapping {seeds, baseline}")
+    _known_keys(raw, CONFIRM_KEYS, "confirm", "a confirm key")
+    seeds = raw.get("seeds", [1, 2, 3])
+    check(isinstance(seeds, list) and len(seeds) >= 1 and len(set(seeds)) == len(seeds) and all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds), "confirm.seeds", seeds,
+        "must be a list of distinct integers >= 0")
+    baseline = raw.get("baseline") or []
+    check(isinstance(baseline, list) and all(isinstance(o, str) and "=" in o for o in baseline), "confirm.baseline",
+          baseline, "must be a list of key=value overrides (added to base: the unmitigated model)")
+    return {"confirm_seeds": list(seeds), "confirm_baseline": list(baseline)}
 
 
 def _parse_storage(raw) -> dict:
@@ -469,6 +488,11 @@ def validate(spec: StudySpec, deep: bool = True) -> None:
             plan_model(compose(ovs))
         except ConfigError as e:
             raise ConfigError(f"{spec.path.name}: {e}") from None
+    if spec.confirm_baseline:
+        try:
+            compose(spec.base + spec.confirm_baseline)
+        except ConfigError as e:
+            raise ConfigError(f"{spec.path.name}: confirm.baseline: {e}") from None
     pads = set(base_cfg.eval.paddings)
     for i, o in enumerate(spec.objectives + spec.constraints):
         pad = metric_padding(o.metric)

@@ -1,0 +1,196 @@
+"""A study's best trials re-run on fresh seeds outside the study, beside the unmitigated model: the front's top is
+optimistically biased (it is the maximum over many noisy trials), so a claim rests on these runs, not on the study.
+
+`python -m phasefix.study spec=studies/<name>.yaml confirm=3 [workers=2]`:
+
+- `top_trials`: the k best distinct complete, feasible trials: those meeting worst >= 0.9 x mean first, then by
+  worst, then by mean (prefix padding, the study's objectives);
+- every (arm, seed) is one `phasefix.fit` run: the study's base, the trial's params as `suggest` turns them into
+  overrides (the baseline: the study file's `confirm.baseline` overrides, the unmitigated model), seed from
+  `confirm.seeds`, tagged `regime=<study>`, `arm=t<trial>` or `baseline`, `study_confirm=<study>`. A FINISHED run is
+  kept, an interrupted one resumed from its checkpoint: rerunning the command continues;
+- the verdict is `phasefix.report`'s decisive table over those runs (learned, goal met against the baseline's mean
+  on the same seeds), written to `<reports>/confirm/` with the runs' phase curves and figures, and `arms.md` (each arm's
+  overrides and its result in the study).
+"""
+from __future__ import annotations
+
+import math
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
+from multiprocessing import get_context
+from pathlib import Path
+
+from phasefix.comparison import BASELINE_ARM, GOAL_RATIO
+from phasefix.errors import check
+from phasefix.study.spec import StudySpec, sampled_params
+
+MEAN, WORST = "final/prefix/acc_mean", "final/prefix/acc_worst"
+
+
+def top_trials(spec: StudySpec, study, k: int) -> list:
+    """The k best distinct (by params) complete trials that meet every constraint, best first."""
+    check(MEAN in spec.metric_names and WORST in spec.metric_names, "confirm", k,
+          f"needs the objectives {MEAN} and {WORST} (the study has {', '.join(spec.metric_names)})")
+    i_mean, i_worst = spec.metric_names.index(MEAN), spec.metric_names.index(WORST)
+
+    def feasible(t):
+        cons = t.user_attrs.get("constraints") or []
+        return all(c <= 0 for c in cons)
+
+    def rank(t):
+        mean, worst = t.values[i_mean], t.values[i_worst]
+        return (worst >= GOAL_RATIO * mean, worst, mean, -t.number)
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and feasible(t)]
+    out, seen = [], set()
+    for t in sorted(done, key=rank, reverse=True):
+        key = tuple(sorted((n, repr(v)) for n, v in t.params.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out[:k]
+
+
+def trial_overrides(spec: StudySpec, trial) -> list[str]:
+    """A trial's config as overrides: its params walked as `suggest` samples them."""
+    return [o for p, v in sampled_params(spec, lambda p: trial.params[p.name]) for o in p.overrides(v)]
+
+
+def plan(spec: StudySpec, study, k: int, experiment: str, tracking_uri: str) -> list[dict]:
+    """The runs to do: {arm, seed, overrides, trial} for the baseline and the top k trials on every seed, each
+    with `action` new, resume (an unfinished run with a checkpoint) or done (a FINISHED run)."""
+    from phasefix import tracking
+
+    study_seeds = {o.split("=", 1)[1] for o in spec.base if o.startswith("seed=")} or {"0"}
+    clash = sorted(study_seeds & {str(s) for s in spec.confirm_seeds})
+    check(not clash, "confirm.seeds", spec.confirm_seeds, f"must be fresh: the study's trials used seed {clash}")
+    arms = [(BASELINE_ARM, None, list(spec.confirm_baseline))]
+    arms += [(f"t{t.number}", t.number, trial_overrides(spec, t)) for t in top_trials(spec, study, k)]
+    c = tracking.client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    jobs = []
+    for arm, number, ovs in arms:
+        for seed in spec.confirm_seeds:
+            tags = {"study_confirm": spec.name, "arm": arm, "seed": str(seed)}
+            runs = tracking.select_runs(c, experiment=experiment, tags=tags) if exp is not None else []
+            finished = [r for r in runs if r.info.status == "FINISHED"]
+            resumable = [r for r in runs if r.info.status != "FINISHED"
+                         and (Path(r.data.tags.get("output_dir", "/nonexistent")) / "checkpoints" / "last.ckpt").exists()]
+            job = {"arm": arm, "trial": number, "seed": seed, "overrides": ovs}
+            if finished:
+                job.update(action="done", run_id=finished[-1].info.run_id)
+            elif resumable:
+                job.update(action="resume", run_id=resumable[-1].info.run_id,
+                           output_dir=resumable[-1].data.tags["output_dir"])
+            else:
+                job.update(action="new")
+            jobs.append(job)
+    return jobs
+
+
+def fit_overrides(spec: StudySpec, job: dict, experiment: str, tracking_uri: str, threads: int | None) -> list[str]:
+    """The fit overrides of one planned run."""
+    thread = [f"trainer.num_threads={threads}"] if threads else []
+    if job["action"] == "resume":
+        return [f"resume='{job['output_dir']}'", *thread]  # the directory: its run.json names the run's store
+    out = spec.outputs() / f"confirm-{job['arm']}-s{job['seed']}-{datetime.now():%Y%m%d-%H%M%S}"
+    trial = [f"+logger.tags.trial='{job['trial']}'"] if job["trial"] is not None else []
+    return [*spec.base, *job["overrides"], f"seed={job['seed']}", *thread, f"output_dir='{out}'",
+            f"run_name='{spec.name}-confirm-{job['arm']}-s{job['seed']}'", f"logger.experiment_name='{experiment}'",
+            f"logger.tracking_uri='{tracking_uri}'", f"+logger.tags.regime='{spec.name}'",
+            f"+logger.tags.arm='{job['arm']}'", f"+logger.tags.study_confirm='{spec.name}'", *trial]
+
+
+def fit_job(overrides: list[str]) -> tuple[str | None, str | None]:
+    """One fit in a worker process: (MLflow run id, None) or (None, the error's first line)."""
+    from phasefix.fit import compose, fit
+
+    try:
+        return fit(compose(overrides)).get("mlflow_run_id"), None
+    except Exception as e:  # one failed run must not stop the others; it is reported and rerun next time
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | None = None,
+            tracking_uri: str | None = None, fit_fn=fit_job) -> dict:
+    """Run what `plan` leaves to do (`workers` fits at a time, one thread each when workers > 1), then write the
+    decisive table of all the confirm runs to <reports>/confirm/. Returns {jobs, errors, out, rows}."""
+    from phasefix import tracking
+    from phasefix.fit import compose
+    from phasefix.report import report
+    from phasefix.study import runs
+
+    check(k >= 1, "confirm", k, "must be >= 1 (the number of best trials to re-run)")
+    cfg = compose(spec.base)
+    uri = tracking.tracking_uri(tracking_uri or cfg.logger.tracking_uri)
+    experiment = experiment or study.user_attrs.get(runs.EXPERIMENT_ATTR) or runs.experiment_name(spec, cfg)
+    jobs = plan(spec, study, k, experiment, uri)
+    todo = [j for j in jobs if j["action"] != "done"]
+    threads = 1 if workers > 1 else None
+    print(f"[study] confirm {spec.name}: {len(jobs)} runs ({len(jobs) - len(todo)} done), arms "
+          f"{', '.join(dict.fromkeys(j['arm'] for j in jobs))}, seeds {list(spec.confirm_seeds)}", flush=True)
+    errors = []
+    calls = [fit_overrides(spec, j, experiment, uri, threads) for j in todo]
+    if workers > 1 and len(calls) > 1:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            results = list(pool.map(fit_fn, calls))
+    else:
+        results = [fit_fn(call) for call in calls]
+    for job, (run_id, err) in zip(todo, results):
+        if err:
+            errors.append(f"{job['arm']} seed {job['seed']}: {err}")
+            print(f"[study] confirm run {job['arm']} seed {job['seed']} failed: {err}", flush=True)
+    out = spec.reports() / "confirm"
+    res = report({"experiment": experiment, "tag.study_confirm": spec.name, "out": str(out), "log": "false",
+                  "tracking_uri": uri})
+    arms = {}
+    for j in jobs:
+        arms.setdefault(j["arm"], j)
+    values = {t.number: t.values for t in study.get_trials(deepcopy=False) if t.values}
+    lines = [f"| arm | trial | in the study: {' / '.join(spec.metric_names)} | overrides (on the study's base) |",
+             "|---|---|---|---|"]
+    for arm, j in arms.items():
+        v = values.get(j["trial"])
+        study_cell = "-" if v is None else " / ".join(f"{x:.3f}" for x in v)
+        lines.append(f"| {arm} | {'-' if j['trial'] is None else j['trial']} | {study_cell} | "
+                     f"`{' '.join(j['overrides']) or '(base)'}` |")
+    (out / "arms.md").write_text("\n".join(lines) + "\n")
+    rows = [r for r in _read_csv(out / "decisive.csv") if r["padding"] == "prefix"] \
+        if (out / "decisive.csv").exists() else []
+    for r in rows:
+        print(f"  {r['arm']:>10}: learned {r['learned']}/{r['seeds']}, mean {_f(r['acc_mean'])}, worst "
+              f"{_f(r['acc_worst'])}, goal met {r['goal_met']}", flush=True)
+    return {"jobs": jobs, "errors": errors, "out": res["out"], "rows": rows}
+
+
+def _read_csv(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _f(x) -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if math.isnan(v) else f"{v:.3f}"
+
+
+def run_confirm(path: str | Path, k: int, storage: str | None = None, workers: int = 1,
+                import_from: str | Path | None = None, fit_fn=fit_job) -> dict:
+    """The CLI's `confirm=k`: the study from its storage (or, new, from `import_from`'s finished trials), then
+    `confirm`. 'rc' is 0 when every run finished, 1 otherwise (rerun to continue)."""
+    from phasefix.study.runner import open_or_import
+    from phasefix.study.spec import check_storage_url, load_spec, validate
+
+    spec = load_spec(path)
+    if storage:
+        check_storage_url(storage, "storage")
+    check(workers >= 1, "workers", workers, "must be >= 1")
+    validate(spec)
+    study = open_or_import(spec, spec.storage_url(storage), import_from)
+    res = confirm(spec, study, k, workers, fit_fn=fit_fn)
+    return {**res, "rc": 1 if res["errors"] else 0}
