@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a queue of fits, JOBS at a time with one thread each, from a fixed commit, resumably.
 # Each line of QUEUE is a set of `phasefix.fit` overrides that includes run_name=...; a line whose run finished
-# (marker $STATE/<run_name>.done) is skipped, so rerunning the same command continues the queue.
+# (marker $STATE/<run_name>.done) is skipped and one that was interrupted (its run directory $STATE/runs/<run_name>
+# has a checkpoint) is resumed from it, so rerunning the same command continues the queue where it stopped.
 # Run it from a `git worktree` of the commit being measured (recorded as the MLflow tag git_commit) and send the
 # runs to the main checkout's tracking store:
 #   git worktree add /work/wt-$(git rev-parse --short HEAD) HEAD
@@ -19,5 +20,8 @@ export COMMON STATE
 grep -v -e '^\s*#' -e '^\s*$' "$QUEUE" | xargs -P "$JOBS" -I{} bash -c '
   set -f; line="$1"; name=$(echo "$line" | grep -o "run_name=[^ ]*" | cut -d= -f2)
   [ -e "$STATE/$name.done" ] && exit 0
-  if python -m phasefix.fit $COMMON $line > "$STATE/$name.log" 2>&1; then touch "$STATE/$name.done";
+  dir="$STATE/runs/$name"
+  if [ -e "$dir/checkpoints/last.ckpt" ]; then args="resume=$dir trainer.num_threads=1 trainer.progress_bar=false"
+  else rm -rf "$dir"; args="$COMMON $line output_dir=$dir"; fi
+  if python -m phasefix.fit $args >> "$STATE/$name.log" 2>&1; then touch "$STATE/$name.done";
   else echo "failed: $line (log: $STATE/$name.log)"; fi' _ {}
