@@ -428,9 +428,29 @@ def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mappi
 
 
 # ------------------------------------------------------------------------------------------------ studies, theory
-def study_pareto(spec, trials, front):
-    """A study's complete trials in objective space, the Pareto front (Optuna's `best_trials`) joined and
-    numbered, and the goal line worst = 0.9 x mean when the objectives are a padding's acc_mean and acc_worst."""
+def _point_labels(points: dict[tuple[float, float], list[int]], near: float = 0.04,
+                  right: float = 0.8) -> list[tuple]:
+    """One label per distinct point (trials at the same values share it: "5, 13, 14"; more than four: "5, 13, 14
+    +2"), with text offsets (points) that step down for labels of points within `near` of an earlier one, so that
+    no two labels are drawn on top of each other, and to the left of points with x >= `right` (inside the axes).
+    [(x, y, text, (dx, dy), horizontal alignment)]."""
+    out, placed = [], []
+    for (x, y), numbers in sorted(points.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+        numbers = sorted(numbers)
+        text = ", ".join(map(str, numbers[:4])) + (f" +{len(numbers) - 4}" if len(numbers) > 4 else "")
+        crowd = sum(abs(x - px) < near and abs(y - py) < near for px, py in placed)
+        left = x >= right
+        out.append((x, y, text, (-5 if left else 4, -9 - 9 * crowd if left else 3 - 9 * crowd),
+                    "right" if left else "left"))
+        placed.append((x, y))
+    return out
+
+
+def study_pareto(spec, trials, front, baseline: tuple[float, float, int] | None = None):
+    """A study's complete trials in objective space, the Pareto front (Optuna's `best_trials`) joined and labelled
+    with trial numbers (trials at the same values share one label), the goal line worst = 0.9 x mean when the
+    objectives are a padding's acc_mean and acc_worst, and `baseline` (mean, worst, seeds: the unmitigated model's
+    mean over its confirm runs) as a star."""
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     mx, my = spec.metric_names[0], spec.metric_names[1] if len(spec.objectives) > 1 else None
     done = [t for t in trials if t.values]
@@ -448,19 +468,30 @@ def study_pareto(spec, trials, front):
             xs, ys = [t.values[0] for t in front], [t.values[1] for t in front]
             order = sorted(range(len(front)), key=lambda i: xs[i])
             ax.plot([xs[i] for i in order], [ys[i] for i in order], "-o", color="C3", ms=5, label="Pareto front")
+            points: dict[tuple[float, float], list[int]] = {}
             for t in front:
-                ax.annotate(str(t.number), (t.values[0], t.values[1]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
-        if {mx.split("/")[-1], my.split("/")[-1]} == {"acc_mean", "acc_worst"}:  # the goal worst >= 0.9 mean
+                points.setdefault((round(t.values[0], 3), round(t.values[1], 3)), []).append(t.number)
+            for x, y, text, offset, ha in _point_labels(points):
+                ax.annotate(text, (x, y), fontsize=7, xytext=offset, textcoords="offset points", ha=ha)
+        goal = {mx.split("/")[-1], my.split("/")[-1]} == {"acc_mean", "acc_worst"}
+        if goal:  # the goal worst >= 0.9 mean
             lo = min([t.values[0] for t in done] + [0.0])
             line = [lo, 1.0]
             if mx.endswith("acc_mean"):
                 ax.plot(line, [0.9 * v for v in line], ":", color="C2", lw=1, label="worst = 0.9 x mean")
             else:
                 ax.plot([0.9 * v for v in line], line, ":", color="C2", lw=1, label="worst = 0.9 x mean")
+        if baseline is not None and goal:
+            bm, bw, n = baseline
+            x, y = (bm, bw) if mx.endswith("acc_mean") else (bw, bm)
+            ax.scatter([x], [y], marker="*", s=120, color="C0", edgecolors="k", zorder=5,
+                       label=f"unmitigated (mean of {n} seeds)")
+        if goal:  # accuracies: the whole square, so that the corner (1, 1) is not on the frame
+            ax.set_xlim(-0.03, 1.05)
+            ax.set_ylim(-0.03, 1.05)
         ax.set_xlabel(f"{mx} ({spec.directions[0][:3]})")
         ax.set_ylabel(f"{my} ({spec.directions[1][:3]})")
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     ax.set_title(f"study {spec.name}: {len(done)} complete trials, {len(front)} on the front", fontsize=9)
     fig.tight_layout()
     return fig

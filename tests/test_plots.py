@@ -81,3 +81,21 @@ def test_plots_imports_no_analyze_or_evaluate():
             "print(sorted(m for m in sys.modules if m.startswith(('phasefix.analyze', 'phasefix.evaluate'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_study_pareto_labels_do_not_overlap_and_the_baseline_is_marked(tmp_path):
+    """Trials at the same values share one label; a label of a nearby point steps down; more than four numbers are
+    cut to four and a count; the unmitigated baseline is a star in the legend."""
+    from types import SimpleNamespace
+
+    labels = plots._point_labels({(1.0, 1.0): [14, 5, 13], (0.99, 0.98): [8], (0.5, 0.3): [2, 7, 1, 9, 4, 3]})
+    assert labels == [(1.0, 1.0, "5, 13, 14", (-5, -9), "right"), (0.99, 0.98, "8", (-5, -18), "right"),
+                      (0.5, 0.3, "1, 2, 3, 4 +2", (4, 3), "left")]
+    spec = SimpleNamespace(name="s", metric_names=["final/prefix/acc_mean", "final/prefix/acc_worst"],
+                           objectives=[1, 2], directions=["maximize", "maximize"])
+    trials = [SimpleNamespace(number=n, values=v) for n, v in
+              [(5, [1.0, 1.0]), (13, [1.0, 1.0]), (8, [0.99, 0.98]), (2, [0.6, 0.1])]]
+    fig = _saved(plots.study_pareto(spec, trials, trials[:3], baseline=(0.8, 0.3, 3)), tmp_path, "pareto.png")
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["5, 13", "8"]
+    assert "unmitigated (mean of 3 seeds)" in [t.get_text() for t in ax.get_legend().get_texts()]

@@ -184,6 +184,22 @@ def format_table(rows: list[dict], max_rows: int = 15) -> str:
     return "\n".join(lines)
 
 
+def confirmed_baseline(out: Path) -> tuple[float, float, int] | None:
+    """The unmitigated model's prefix (mean, worst, learned seeds) from `confirm=k`'s table (<reports>/confirm/
+    decisive.csv), None before it exists or when its baseline learned in no seed."""
+    import math
+
+    path = out / "confirm" / "decisive.csv"
+    if not path.exists():
+        return None
+    with open(path, newline="") as f:
+        row = next((r for r in csv.DictReader(f) if r["arm"] == "baseline" and r["padding"] == "prefix"), None)
+    if row is None or not row["learned"] or int(row["learned"]) == 0:
+        return None
+    mean, worst = float(row["acc_mean"]), float(row["acc_worst"])
+    return None if math.isnan(mean) else (mean, worst, int(row["learned"]))
+
+
 def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: bool = False) -> dict:
     """Write pareto.csv, trials.csv and pareto.png under the reports dir, log them to the parent run, print the
     best trade-offs. Returns {'pareto': rows, 'dir': path, 'counts': ..., 'parent_run_id': ...}."""
@@ -199,7 +215,8 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
         write_csv(out / "importances.csv", imp)
     from phasefix import plots
 
-    plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE"], front), out / "pareto.png")
+    plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE"], front,
+                                  baseline=confirmed_baseline(out)), out / "pareto.png")
     n = counts(study)
     if log_to_mlflow:
         best = {m: (max if d == "maximize" else min)(r[m] for r in front_rows)
