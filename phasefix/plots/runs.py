@@ -1,0 +1,180 @@
+"""Figures over several runs: overlaid phase curves, the Pareto front of study members, the decisive comparison's
+small multiples, worst-vs-mean scatter and training losses."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+
+from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, boundary_residues
+from phasefix.data.layout import PADDINGS
+
+# ------------------------------------------------------------------------------------------------ several runs
+def runs_phase_curves(rows: Sequence[Mapping], curves: Mapping):
+    """Several runs' phase curves overlaid (phasefix.report), one panel per padding; the stride grid when all runs
+    share one stride. rows/curves: `phasefix.report.collect`'s."""
+    pads = [p for p in PADDINGS if any(r["padding"] == p for r in rows)]
+    fig, axes = plt.subplots(len(pads), 1, figsize=(8, 3.0 * len(pads)), squeeze=False)
+    strides = {r["stride"] for r in rows if str(r["stride"]).isdigit()}
+    for ax, pad in zip(axes[:, 0], pads):
+        for r in (r for r in rows if r["padding"] == pad):
+            curve = curves.get((r["run_id"], pad)) or []
+            ax.plot(range(len(curve)), curve, marker="o", ms=2.5, lw=1,
+                    label=f"{r['run_name']} ({r['run_id'][:6]}): mean {r['acc_mean']:.2f}, worst {r['acc_worst']:.2f}")
+        if len(strides) == 1:
+            s = int(next(iter(strides)))
+            n = max((len(curves.get((r["run_id"], pad)) or []) for r in rows), default=0)
+            for x in range(0, n, s):
+                ax.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
+        ax.set_title(f"{pad} padding", fontsize=9)
+        ax.set_xlabel("residue of the target key position")
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the curves
+    fig.tight_layout()
+    return fig
+
+
+def runs_pareto(prows: Sequence[Mapping]):
+    """Study members' mean against worst residue per padding, one colour per study, the front joined and labelled
+    (`phasefix.report.pareto_rows`)."""
+    pads = [p for p in PADDINGS if any(r["padding"] == p for r in prows)]
+    fig, axes = plt.subplots(1, len(pads), figsize=(4.2 * len(pads), 3.8), squeeze=False)
+    for ax, pad in zip(axes[0], pads):
+        for i, parent in enumerate(dict.fromkeys(r["parent"] for r in prows)):
+            pts = [r for r in prows if r["padding"] == pad and r["parent"] == parent]
+            color = f"C{i % 10}"
+            ax.scatter([r["acc_mean"] for r in pts], [r["acc_worst"] for r in pts], s=14, color=color, alpha=0.45,
+                       label=f"study {parent[:8]}")
+            front = sorted((r for r in pts if r["on_front"]), key=lambda r: r["acc_mean"])
+            ax.plot([r["acc_mean"] for r in front], [r["acc_worst"] for r in front], color=color, marker="o", ms=5,
+                    lw=1.2)
+            for r in front:
+                ax.annotate(r["run_name"][:18], (r["acc_mean"], r["acc_worst"]), fontsize=5, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set_xlabel("mean accuracy")
+        ax.set_ylabel("worst-residue accuracy")
+        ax.set_title(f"Pareto front, {pad} padding", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def _arms(rows, facts) -> list[str]:
+    arms = list(dict.fromkeys(facts[r["run_id"]]["arm"] or BASELINE_ARM for r in rows))
+    return sorted(arms, key=lambda a: (a != BASELINE_ARM, a))
+
+
+def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping], padding: str = "prefix"):
+    """One panel per (regime, arm): each seed's curve faint, the mean over learned seeds bold with a min-max band,
+    dotted lines at every window start and the boundary residues (phase S-1) shaded."""
+    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")]
+    regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
+    arms = _arms(rows, facts)
+    fig, axes = plt.subplots(len(regimes), len(arms), figsize=(2.3 * len(arms) + 0.6, 1.9 * len(regimes) + 0.6),
+                             squeeze=False, sharex=True, sharey=True)
+    for i, regime in enumerate(regimes):
+        for j, arm in enumerate(arms):
+            ax = axes[i, j]
+            members = [r for r in rows if facts[r["run_id"]]["regime"] == regime
+                       and (facts[r["run_id"]]["arm"] or BASELINE_ARM) == arm]
+            seeds = [(curves.get((r["run_id"], padding)) or [], facts[r["run_id"]]["learned"]) for r in members]
+            seeds = [(c, ok) for c, ok in seeds if c]
+            ax.tick_params(labelsize=6)
+            if i == 0:
+                ax.set_title(arm, fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{regime}\naccuracy", fontsize=7)
+            if not seeds:
+                ax.text(0.5, 0.5, "no runs", ha="center", va="center", fontsize=7, color="grey",
+                        transform=ax.transAxes)
+                continue
+            n = len(seeds[0][0])
+            stride = facts[members[0]["run_id"]].get("stride") or int(members[0]["stride"] or n)
+            for r0 in boundary_residues(n, stride):
+                ax.axvspan(r0 - 0.5, r0 + 0.5, color="tab:red", alpha=0.08, lw=0)
+            for x in range(0, n + 1, stride):
+                ax.axvline(x - 0.5, color="grey", lw=0.4, ls=":")
+            for c, ok in seeds:
+                ax.plot(range(len(c)), c, color="tab:blue" if ok else "tab:grey", lw=0.6, alpha=0.35,
+                        ls="-" if ok else "--")
+            learned = [c for c, ok in seeds if ok and len(c) == n]
+            if learned:
+                mean = [sum(v) / len(v) for v in zip(*learned)]
+                lo, hi = [min(v) for v in zip(*learned)], [max(v) for v in zip(*learned)]
+                ax.fill_between(range(n), lo, hi, color="tab:blue", alpha=0.15, lw=0)
+                ax.plot(range(n), mean, color="tab:blue", lw=1.4)
+            ax.text(0.98, 0.04, f"{len(learned)}/{len(seeds)} learned", ha="right", va="bottom", fontsize=6,
+                    transform=ax.transAxes)
+            ax.set_ylim(-0.03, 1.03)
+    for ax in axes[-1]:
+        ax.set_xlabel("residue of the target key", fontsize=7)
+    handles = [plt.Line2D([], [], color="tab:blue", lw=1.4, label="mean over learned seeds"),
+               plt.matplotlib.patches.Patch(color="tab:blue", alpha=0.15, label="min-max over learned seeds"),
+               plt.Line2D([], [], color="tab:blue", lw=0.6, alpha=0.5, label="one seed"),
+               plt.Line2D([], [], color="tab:grey", lw=0.6, ls="--", label="one seed, not learned"),
+               plt.matplotlib.patches.Patch(color="tab:red", alpha=0.15, label="boundary phase S-1"),
+               plt.Line2D([], [], color="grey", lw=0.6, ls=":", label="window start")]
+    fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=7, frameon=False, bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(f"{padding} padding", fontsize=9, x=0.01, y=0.995, ha="left", va="top")  # beside the legend row
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+def worst_vs_mean(rows: Sequence[Mapping], facts: Mapping[str, Mapping], padding: str = "prefix"):
+    """Every run as a point (worst residue against mean), coloured by arm, one marker per regime, with the goal
+    line worst = 0.9 x mean; runs that did not learn are hollow."""
+    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")]
+    arms = _arms(rows, facts)
+    regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
+    markers = "osD^v<>PX*"
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ax.plot([0, 1], [0, GOAL_RATIO], color="black", lw=0.8, ls="--", label=f"goal: worst = {GOAL_RATIO} x mean")
+    for r in rows:
+        f = facts[r["run_id"]]
+        color = f"C{arms.index(f['arm'] or BASELINE_ARM) % 10}"
+        marker = markers[regimes.index(f["regime"]) % len(markers)]
+        if math.isnan(r["acc_mean"]):
+            continue
+        ax.scatter(r["acc_mean"], r["acc_worst"], s=28, marker=marker, edgecolors=color,
+                   facecolors=color if f["learned"] else "none", alpha=0.8, lw=1)
+    arm_handles = [plt.Line2D([], [], ls="", marker="o", color=f"C{i % 10}", label=a) for i, a in enumerate(arms)]
+    regime_handles = [plt.Line2D([], [], ls="", marker=markers[i % len(markers)], color="grey", label=g)
+                      for i, g in enumerate(regimes)]
+    goal = ax.get_legend_handles_labels()[0]
+    ax.legend(handles=goal + arm_handles + regime_handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              fontsize=7, frameon=False, title="hollow: not learned", title_fontsize=7)
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("mean accuracy over residues")
+    ax.set_ylabel("worst-residue accuracy")
+    ax.set_title(f"worst against mean, one point per run ({padding} padding)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mapping]):
+    """Training loss against step, one panel per regime, one colour per arm (each seed its own line): shows
+    whether a budget let the loss go flat, and which arms left the plateau later. `losses`: {run_id: loss by step,
+    nan where not logged}."""
+    runs = [rid for rid in losses if facts.get(rid, {}).get("regime") and losses[rid]]
+    regimes = list(dict.fromkeys(facts[rid]["regime"] for rid in runs))
+    arms = sorted(dict.fromkeys(facts[rid]["arm"] or BASELINE_ARM for rid in runs),
+                  key=lambda a: (a != BASELINE_ARM, a))
+    fig, axes = plt.subplots(1, max(len(regimes), 1), figsize=(3.6 * max(len(regimes), 1) + 1.8, 3.0), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        for rid in (r for r in runs if facts[r]["regime"] == regime):
+            arm = facts[rid]["arm"] or BASELINE_ARM
+            pts = [(s, v) for s, v in enumerate(losses[rid]) if not math.isnan(v)]
+            ax.plot([s for s, _ in pts], [v for _, v in pts], lw=0.8, alpha=0.8, color=f"C{arms.index(arm) % 10}")
+        ax.set_title(regime, fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.tick_params(labelsize=6)
+    axes[0, 0].set_ylabel("training loss", fontsize=7)
+    fig.legend(handles=[plt.Line2D([], [], color=f"C{i % 10}", label=a) for i, a in enumerate(arms)],
+               loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    return fig
+
+
