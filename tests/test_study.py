@@ -289,6 +289,51 @@ def test_confirm_ranks_goal_meeting_feasible_distinct_trials_first(tmp_path, mlf
                                          "optim.lr=0.002"]
 
 
+def test_dashboard_serves_the_committed_trials_on_localhost_and_stops_on_ctrl_c(tmp_path, mlflow_db):
+    """`dashboard=PORT import_trials=...` on a new storage: optuna-dashboard on 127.0.0.1 shows the study with its
+    objective names and every finished trial of the trials.csv; Ctrl-C ends it with exit code 0; a taken port is one
+    line naming the key."""
+    import json
+    import sys
+    import urllib.request
+
+    from phasefix.study import run_study
+
+    _, fake = fake_env(tmp_path, "plain")
+    path = write_study(tmp_path, mlflow_db, name="browsed", n_trials=3)
+    assert run_study(path, workers=1, fit_fn=fake)["rc"] == 0
+    table = tmp_path / "reports" / "browsed" / "trials.csv"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "phasefix.study", f"spec={path}", f"dashboard={port}",
+           f"storage=sqlite:///{tmp_path / 'browse.db'}", f"import_trials={table}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=PROJECT_ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL) and None)
+    try:
+        deadline, study = time.time() + 180, None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/1?after=0", timeout=5) as r:
+                    study = json.load(r)
+                break
+            except OSError:
+                time.sleep(1)
+        assert study is not None, proc.stdout.read() if proc.poll() is not None else "no answer in 180 s"
+        assert study["name"] == "browsed" and study["objective_names"] == ["final/prefix/acc_mean",
+                                                                           "final/prefix/acc_worst"]
+        assert len(study["trials"]) == 3 and {t["state"] for t in study["trials"]} == {"Complete"}
+        # the same port again: taken
+        taken = subprocess.run(cmd[:5] + [f"storage=sqlite:///{tmp_path / 'browse.db'}"], capture_output=True,
+                               text=True, cwd=PROJECT_ROOT, timeout=120)
+        assert taken.returncode == 2 and f"dashboard={port} is invalid" in taken.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert f"http://127.0.0.1:{port}/dashboard" in out
+
+
 # ------------------------------------------------------------------------------------------------ real fits
 def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, mlflow_db, capsys):
     from mlflow.tracking import MlflowClient

@@ -34,6 +34,7 @@ class StudyCliConfig:
     report: bool = False  # only write and print the Pareto report
     import_trials: str | None = None  # a trials.csv whose finished trials start the study on a new storage
     confirm: int = 0  # k > 0: re-run the k best trials and the unmitigated model on fresh seeds (no new trials)
+    dashboard: int = 0  # a port: serve optuna-dashboard for the study on 127.0.0.1 (no new trials)
     verbose: bool = False
 
 
@@ -76,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def work(cfg) -> int:
         check(cfg.spec is not None, "spec", None, "must name the study file, e.g. spec=studies/mean_vs_worst.yaml")
         check(cfg.confirm >= 0, "confirm", cfg.confirm, "must be >= 0 (the number of best trials to re-run)")
+        if cfg.dashboard:
+            from phasefix.study.runner import serve_dashboard
+
+            return serve_dashboard(cfg.spec, cfg.dashboard, cfg.storage, import_from=cfg.import_trials)
         if cfg.confirm:
             from phasefix.study.confirm import run_confirm
 

@@ -225,6 +225,34 @@ def open_or_import(spec: StudySpec, url: str, import_from: str | Path | None = N
     return study
 
 
+def serve_dashboard(path: str | Path, port: int, storage: str | None = None,
+                    import_from: str | Path | None = None) -> int:
+    """optuna-dashboard for the study on 127.0.0.1:<port> until Ctrl-C: its storage as it is, or, when the storage
+    does not hold it yet (a fresh clone), first filled from `import_from` (the committed trials.csv)."""
+    spec = load_spec(path)
+    if storage:
+        check_storage_url(storage, "storage")
+    check(1 <= port <= 65535, "dashboard", port, "must be a TCP port, 1..65535")
+    url = spec.storage_url(storage)
+    study = open_or_import(spec, url, import_from) if import_from is not None else load_study(spec, url)
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise ConfigError("dashboard needs optuna-dashboard: pip install optuna-dashboard (or -e '.[dashboard]')") \
+            from None
+    n = counts(study)
+    print(f"[study] optuna-dashboard for {spec.name} ({n['COMPLETE']} complete, {n['PRUNED']} pruned trials): "
+          f"http://127.0.0.1:{port}/dashboard (Ctrl-C stops it)", flush=True)
+    try:
+        run_server(url, host="127.0.0.1", port=port)
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:  # the port is taken (another dashboard, another server)
+        raise ConfigError(f"dashboard={port} is invalid: 127.0.0.1:{port} cannot be served ({e.strerror}); "
+                          "choose another port") from None
+    return 0
+
+
 def run_study(path: str | Path, n_trials: int | None = None, storage: str | None = None, workers: int = 1,
               report_only: bool = False, fit_fn: FitFn | None = None, import_from: str | Path | None = None) -> dict:
     """Validate, create or resume the study, run the workers, report. `import_from`: a trials.csv whose finished
