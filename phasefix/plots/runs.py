@@ -116,9 +116,12 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
                plt.Line2D([], [], color="tab:grey", lw=0.6, ls="--", label="one seed, not learned"),
                plt.matplotlib.patches.Patch(color="tab:red", alpha=0.15, label="boundary phase S-1"),
                plt.Line2D([], [], color="grey", lw=0.6, ls=":", label="window start")]
-    fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=7, frameon=False, bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(f"{padding} padding", fontsize=9, x=0.01, y=0.995, ha="left", va="top")  # beside the legend row
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    # the title above the panels, the legend below them, in as many columns as their width holds (save() crops to
+    # what is drawn, outside the figure's box too)
+    fig.suptitle(f"{padding} padding", fontsize=9, x=0.01, ha="left")
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", ncol=6 if len(arms) >= 4 else 3, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
     return fig
 
 
