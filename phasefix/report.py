@@ -263,14 +263,15 @@ def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
     return out
 
 
-def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> list[str]:
+def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> tuple[list[str], list[dict]]:
     """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), the headline rows
-    (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots)."""
+    (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots). Returns the files
+    written and the table's rows."""
     from phasefix import comparison, plots, tracking
 
     facts = {r.info.run_id: comparison.run_facts(r) for r in runs if r.data.tags.get("regime")}
     if not facts:
-        return []
+        return [], []
     drows = comparison.decisive_rows(rows, curves, facts)
     write_csv(out / "decisive.csv", drows, comparison.COLUMNS)
     (out / "decisive.md").write_text(comparison.markdown(drows))
@@ -283,13 +284,13 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
     plots.save(plots.worst_vs_mean(rows, facts), out / "worst_vs_mean.png")
     losses = {rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts}
     plots.save(plots.loss_curves(losses, facts), out / "train_loss.png")
-    return files + ["worst_vs_mean.png", "train_loss.png"]
+    return files + ["worst_vs_mean.png", "train_loss.png"], drows
 
 
 def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     """Select runs, write the comparison to `out` and (log=true) log it to a new report run. `cfg`: the composed
     config or `key=value` arguments as on the command line. Returns {out, runs (ids), rows, flips, pareto, files,
-    report_run_id, left_out}."""
+    report_run_id, left_out, decisive (the regime x arm rows of runs tagged `regime`)}."""
     from phasefix import plots, tracking
     from phasefix.paths import OUTPUTS_DIR
 
@@ -307,7 +308,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
 
     out = Path(opts["out"]) if opts["out"] else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    files = []
+    files, drows = [], []
     if rows:
         write_csv(out / "comparison.csv", rows, COLUMNS)
         plots.save(plots.runs_phase_curves(rows, curves), out / "phase_curves.png")
@@ -317,7 +318,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
-        files += decisive(c, out, runs, rows, curves)
+        written, drows = decisive(c, out, runs, rows, curves)
+        files += written
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")
     if flips:
@@ -342,7 +344,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                                    "num_runs": len(ids)})
             tracking.log_files(c, report_run_id, [out / name for name in files])
     return {"out": str(out), "runs": [r.info.run_id for r in runs], "rows": rows, "flips": flips, "pareto": prows,
-            "files": files, "report_run_id": report_run_id, "left_out": left_out(runs, rows, flips)}
+            "files": files, "report_run_id": report_run_id, "left_out": left_out(runs, rows, flips), "decisive": drows}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -88,7 +88,9 @@ def test_study_pareto_labels_do_not_overlap_and_the_baseline_is_marked(tmp_path)
     cut to four and a count; the unmitigated baseline is a star in the legend."""
     from types import SimpleNamespace
 
-    labels = plots._point_labels({(1.0, 1.0): [14, 5, 13], (0.99, 0.98): [8], (0.5, 0.3): [2, 7, 1, 9, 4, 3]})
+    from phasefix.plots.study import _point_labels
+
+    labels = _point_labels({(1.0, 1.0): [14, 5, 13], (0.99, 0.98): [8], (0.5, 0.3): [2, 7, 1, 9, 4, 3]})
     assert labels == [(1.0, 1.0, "5, 13, 14", (-5, -9), "right"), (0.99, 0.98, "8", (-5, -18), "right"),
                       (0.5, 0.3, "1, 2, 3, 4 +2", (4, 3), "left")]
     spec = SimpleNamespace(name="s", metric_names=["final/prefix/acc_mean", "final/prefix/acc_worst"],

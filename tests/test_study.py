@@ -401,6 +401,7 @@ def test_confirm_reruns_the_best_trial_and_the_baseline_on_fresh_seeds_and_conti
     assert main([f"spec={path}", "confirm=1"]) == 0
     out = capsys.readouterr().out
     assert f"arms baseline, t{best.number}, seeds [1, 2]" in out
+    assert "| confirmed | baseline | prefix | 0/2 |" in out  # the verdict table, printed (tiny runs do not learn)
 
     c = MlflowClient(tracking_uri=mlflow_db)
     exp = c.get_experiment_by_name(study.user_attrs["mlflow_experiment"])
@@ -424,10 +425,10 @@ def test_confirm_reruns_the_best_trial_and_the_baseline_on_fresh_seeds_and_conti
     assert main([f"spec={path}", "confirm=1"]) == 0  # everything done: no new run
     assert "(4 done)" in capsys.readouterr().out
     assert len(c.search_runs([exp.experiment_id], "tags.study_confirm = 'confirmed'")) == 4
-    with pytest.raises(ConfigError, match="confirm.seeds"):
-        from phasefix.study.confirm import run_confirm
+    from phasefix.study.confirm import run_confirm
 
-        write_study(tmp_path, mlflow_db, name="confirmed", n_trials=3, confirm={"seeds": [0, 1]})
+    write_study(tmp_path, mlflow_db, name="confirmed", n_trials=3, confirm={"seeds": [0, 1]})  # seed 0: the study's
+    with pytest.raises(ConfigError, match="confirm.seeds"):
         run_confirm(path, 1)
 
 

@@ -32,8 +32,8 @@ def save(fig, path: str | Path) -> None:
 from phasefix.plots.run import (audit_phase_heatmap, cycle_prediction, flip_curve, gate_heatmap,  # noqa: E402
                                 gate_stats_heatmap, knockout_heatmap, period_curve, phase_curves)
 from phasefix.plots.runs import loss_curves, phase_grid, runs_pareto, runs_phase_curves, worst_vs_mean  # noqa: E402
-from phasefix.plots.study import _point_labels, study_pareto, theory_gates  # noqa: E402
+from phasefix.plots.study import study_pareto, theory_gates  # noqa: E402
 
 __all__ = ["audit_phase_heatmap", "cycle_prediction", "flip_curve", "gate_heatmap", "gate_stats_heatmap",
            "knockout_heatmap", "loss_curves", "period_curve", "phase_curves", "phase_grid", "runs_pareto",
-           "runs_phase_curves", "save", "study_pareto", "theory_gates", "worst_vs_mean", "_point_labels"]
+           "runs_phase_curves", "save", "study_pareto", "theory_gates", "worst_vs_mean"]

@@ -15,14 +15,14 @@ optimistically biased (it is the maximum over many noisy trials), so a claim res
 """
 from __future__ import annotations
 
-import math
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime
 from multiprocessing import get_context
 from pathlib import Path
 
-from phasefix.comparison import BASELINE_ARM, GOAL_RATIO
+from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, markdown
 from phasefix.errors import check
+from phasefix.study.report import feasible
 from phasefix.study.spec import StudySpec, sampled_params
 
 MEAN, WORST = "final/prefix/acc_mean", "final/prefix/acc_worst"
@@ -34,15 +34,11 @@ def top_trials(spec: StudySpec, study, k: int) -> list:
           f"needs the objectives {MEAN} and {WORST} (the study has {', '.join(spec.metric_names)})")
     i_mean, i_worst = spec.metric_names.index(MEAN), spec.metric_names.index(WORST)
 
-    def feasible(t):
-        cons = t.user_attrs.get("constraints") or []
-        return all(c <= 0 for c in cons)
-
     def rank(t):
         mean, worst = t.values[i_mean], t.values[i_worst]
         return (worst >= GOAL_RATIO * mean, worst, mean, -t.number)
 
-    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and feasible(t)]
+    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and feasible(t) is not False]
     out, seen = [], set()
     for t in sorted(done, key=rank, reverse=True):
         key = tuple(sorted((n, repr(v)) for n, v in t.params.items()))
@@ -68,12 +64,14 @@ def plan(spec: StudySpec, study, k: int, experiment: str, tracking_uri: str) -> 
     arms = [(BASELINE_ARM, None, list(spec.confirm_baseline))]
     arms += [(f"t{t.number}", t.number, trial_overrides(spec, t)) for t in top_trials(spec, study, k)]
     c = tracking.client(tracking_uri)
-    exp = c.get_experiment_by_name(experiment)
+    earlier: dict[tuple[str, str], list] = {}  # (arm, seed) -> the confirm runs so far, oldest first: one query
+    if c.get_experiment_by_name(experiment) is not None:
+        for r in tracking.select_runs(c, experiment=experiment, tags={"study_confirm": spec.name}):
+            earlier.setdefault((r.data.tags.get("arm"), r.data.tags.get("seed")), []).append(r)
     jobs = []
     for arm, number, ovs in arms:
         for seed in spec.confirm_seeds:
-            tags = {"study_confirm": spec.name, "arm": arm, "seed": str(seed)}
-            runs = tracking.select_runs(c, experiment=experiment, tags=tags) if exp is not None else []
+            runs = earlier.get((arm, str(seed)), [])
             finished = [r for r in runs if r.info.status == "FINISHED"]
             resumable = [r for r in runs if r.info.status != "FINISHED"
                          and (Path(r.data.tags.get("output_dir", "/nonexistent")) / "checkpoints" / "last.ckpt").exists()]
@@ -115,7 +113,8 @@ def fit_job(overrides: list[str]) -> tuple[str | None, str | None]:
 def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | None = None,
             tracking_uri: str | None = None, fit_fn=fit_job) -> dict:
     """Run what `plan` leaves to do (`workers` fits at a time, one thread each when workers > 1), then write the
-    decisive table of all the confirm runs to <reports>/confirm/. Returns {jobs, errors, out, rows}."""
+    decisive table of all the confirm runs to <reports>/confirm/ (printed for prefix padding). Returns {jobs, errors,
+    out, rows: the table's prefix rows}."""
     from phasefix import tracking
     from phasefix.fit import compose
     from phasefix.report import report
@@ -156,41 +155,21 @@ def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | 
         lines.append(f"| {arm} | {'-' if j['trial'] is None else j['trial']} | {study_cell} | "
                      f"`{' '.join(j['overrides']) or '(base)'}` |")
     (out / "arms.md").write_text("\n".join(lines) + "\n")
-    rows = [r for r in _read_csv(out / "decisive.csv") if r["padding"] == "prefix"] \
-        if (out / "decisive.csv").exists() else []
-    for r in rows:
-        print(f"  {r['arm']:>10}: learned {r['learned']}/{r['seeds']}, mean {_f(r['acc_mean'])}, worst "
-              f"{_f(r['acc_worst'])}, goal met {r['goal_met']}", flush=True)
+    rows = [r for r in res["decisive"] if r["padding"] == "prefix"]
+    print(markdown(rows), flush=True)
     return {"jobs": jobs, "errors": errors, "out": res["out"], "rows": rows}
-
-
-def _read_csv(path: Path) -> list[dict]:
-    import csv
-
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _f(x) -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "-"
-    return "-" if math.isnan(v) else f"{v:.3f}"
 
 
 def run_confirm(path: str | Path, k: int, storage: str | None = None, workers: int = 1,
                 import_from: str | Path | None = None, fit_fn=fit_job) -> dict:
     """The CLI's `confirm=k`: the study from its storage (or, new, from `import_from`'s finished trials), then
     `confirm`. 'rc' is 0 when every run finished, 1 otherwise (rerun to continue)."""
-    from phasefix.study.runner import open_or_import
-    from phasefix.study.spec import check_storage_url, load_spec, validate
+    from phasefix.study.runner import open_or_import, spec_and_url
+    from phasefix.study.spec import validate
 
-    spec = load_spec(path)
-    if storage:
-        check_storage_url(storage, "storage")
+    spec, url = spec_and_url(path, storage)
     check(workers >= 1, "workers", workers, "must be >= 1")
     validate(spec)
-    study = open_or_import(spec, spec.storage_url(storage), import_from)
+    study = open_or_import(spec, url, import_from)
     res = confirm(spec, study, k, workers, fit_fn=fit_fn)
     return {**res, "rc": 1 if res["errors"] else 0}

@@ -30,6 +30,13 @@ def counts(study) -> dict[str, int]:
     return out
 
 
+def feasible(trial) -> bool | None:
+    """Whether a finished trial met every constraint (Optuna's convention: a value <= 0 is met); None when it has
+    no recorded constraint values."""
+    cons = trial.user_attrs.get("constraints")
+    return None if cons is None else all(c <= 0 for c in cons)
+
+
 def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
     """One CSV row per trial: objectives, other metrics, feasibility, params, MLflow run, retry and why it ended."""
     params = [p.name for p in spec.params]
@@ -45,7 +52,7 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
                 row[k] = extra[k]
         if spec.constraints:
             cons = t.user_attrs.get("constraints")
-            row["feasible"] = None if cons is None else all(c <= 0 for c in cons)
+            row["feasible"] = feasible(t)
             for c, v in zip(spec.constraints, cons or []):  # the values, so that import_trials restores them
                 row[f"constraint:{c.key}"] = round(v, 6)
         for p in params:

@@ -210,6 +210,14 @@ def spawn_workers(spec: StudySpec, url: str, n_trials: int, k: int, fit_fn: FitF
 
 
 # ------------------------------------------------------------------------------------------------ the CLI's work
+def spec_and_url(path: str | Path, storage: str | None = None) -> tuple[StudySpec, str]:
+    """The study file, parsed and checked, and its storage URL (`storage` overrides the file's)."""
+    spec = load_spec(path)
+    if storage:
+        check_storage_url(storage, "storage")
+    return spec, spec.storage_url(storage)
+
+
 def open_or_import(spec: StudySpec, url: str, import_from: str | Path | None = None):
     """The study (created when new); a new, empty one starts from the finished trials of `import_from`."""
     if import_from is not None:
@@ -229,11 +237,8 @@ def serve_dashboard(path: str | Path, port: int, storage: str | None = None,
                     import_from: str | Path | None = None) -> int:
     """optuna-dashboard for the study on 127.0.0.1:<port> until Ctrl-C: its storage as it is, or, when the storage
     does not hold it yet (a fresh clone), first filled from `import_from` (the committed trials.csv)."""
-    spec = load_spec(path)
-    if storage:
-        check_storage_url(storage, "storage")
+    spec, url = spec_and_url(path, storage)
     check(1 <= port <= 65535, "dashboard", port, "must be a TCP port, 1..65535")
-    url = spec.storage_url(storage)
     study = open_or_import(spec, url, import_from) if import_from is not None else load_study(spec, url)
     try:
         from optuna_dashboard import run_server
@@ -258,10 +263,7 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     """Validate, create or resume the study, run the workers, report. `import_from`: a trials.csv whose finished
     trials start a study that is not in the storage yet (ignored once it is). `fit_fn` replaces
     `phasefix.fit.fit` in every worker (tests: a cheap stand-in). Returns report()'s dict plus 'rc'."""
-    spec = load_spec(path)
-    if storage:
-        check_storage_url(storage, "storage")
-    url = spec.storage_url(storage)
+    spec, url = spec_and_url(path, storage)
     budget = spec.n_trials if n_trials is None else n_trials
     check(budget >= 1, "n_trials", budget, "must be >= 1")
     check(workers >= 1, "workers", workers, "must be >= 1")
