@@ -59,6 +59,16 @@ def fake_fit(cfg, callbacks=(), *, fake_dir: str, mode: str = "barrier"):
             "prefix": {"acc_mean": round(1 - abs(lr - 3e-3) * 50, 4), "acc_worst": round(0.5 + 0.4 * weight, 4)}}
 
 
+def seeded_fit(cfg, callbacks=(), *, fake_dir: str):
+    """Stands in for `phasefix.fit.fit` in a study with `seeds:`: the accuracy depends on the seed alone, and every
+    call records its seed, run name and output directory."""
+    with open(Path(fake_dir) / "calls.txt", "a") as f:
+        f.write(f"{cfg.logger.tags.trial} {cfg.seed} {cfg.run_name} {cfg.output_dir}\n")
+    seed = int(cfg.seed)
+    return {"mlflow_run_id": f"run{cfg.logger.tags.trial}s{seed}", "train_seconds": 10.0 * (seed + 1),
+            "prefix": {"acc_mean": 0.9 - 0.4 * seed, "acc_worst": 0.6 - 0.4 * seed}}
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
@@ -133,6 +143,34 @@ def test_bad_study_files_fail_with_one_line_naming_the_key(tmp_path, change, key
         load_spec(path)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("smoke.yaml: ") and key in msg, msg
+
+
+def test_a_study_with_seeds_trains_every_trial_on_each_seed_and_scores_their_mean(tmp_path, mlflow_db):
+    """`seeds: [0, 1]`: every trial is one run per seed (seed override, own run name and output directory), its
+    objectives and constraints are the mean over the seeds (hand-computed: (0.9 + 0.5) / 2, (0.6 + 0.2) / 2), each
+    seed's own values are kept, and a `seed=` in base beside `seeds:` is one line naming the key."""
+    from phasefix.study import load_spec, run_study
+
+    d = tmp_path / "fake"
+    d.mkdir()
+    path = write_study(tmp_path, mlflow_db, name="seeded", seeds=[0, 1],
+                       constraints=[{"metric": "final/prefix/acc_worst", "min": 0.5}])
+    assert run_study(path, workers=1, fit_fn=functools.partial(seeded_fit, fake_dir=str(d)))["rc"] == 0
+    calls = [line.split() for line in (d / "calls.txt").read_text().splitlines()]
+    assert [(t, s) for t, s, _, _ in calls] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert [name for _, _, name, _ in calls[:2]] == ["seeded-t0-s0", "seeded-t0-s1"]
+    assert len({out for *_, out in calls}) == 4
+    _, study = load(path)
+    for t in study.trials:
+        assert t.state.name == "COMPLETE" and t.values == pytest.approx([0.7, 0.4])
+        assert t.user_attrs["constraints"] == pytest.approx([0.1])  # 0.5 - 0.4 > 0: infeasible on the mean
+        assert t.user_attrs["seed_metrics"]["1"]["final/prefix/acc_worst"] == pytest.approx(0.2)
+        assert t.user_attrs["metrics"]["train_seconds"] == pytest.approx(15.0)
+        assert t.user_attrs["mlflow_run_id"] == f"run{t.number}s0,run{t.number}s1"
+    both = write_study(tmp_path, mlflow_db, name="both", seeds=[0, 1],
+                       base=yaml.safe_load(SMOKE.read_text())["base"] + ["seed=3"])
+    with pytest.raises(ConfigError, match=r"^both.yaml: seeds=\[0, 1\] is invalid"):
+        load_spec(both)
 
 
 @pytest.mark.parametrize("option", [["--n-trials", "0"], ["--n-trials", "-1"], ["--workers", "0"]])

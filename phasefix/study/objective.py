@@ -103,14 +103,14 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
     def run_trial(trial):
         from phasefix.fit import compose
 
-        for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics"):  # a retry's copy
+        for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics",
+                  "seed_metrics"):  # a retry's copy
             if k in trial.user_attrs:
                 trial.set_user_attr(k, None)
         ovs = suggest(trial, spec)
         trial.set_user_attr("overrides", ovs)
         out_dir = spec.outputs() / f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}"
-        extra = [f"output_dir='{out_dir}'", f"+logger.tags.study='{spec.name}'",
-                 f"+logger.tags.trial='{trial.number}'", f"run_name='{spec.name}-t{trial.number}'"]
+        extra = [f"+logger.tags.study='{spec.name}'", f"+logger.tags.trial='{trial.number}'"]
         if parent_run_id:
             extra.append(f"logger.parent_run_id='{parent_run_id}'")
         exp = trial.study.user_attrs.get("mlflow_experiment")  # the parent run's experiment
@@ -120,29 +120,43 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             extra.append(f"trainer.num_threads={threads}")
         retried = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
         print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
-              f"{' '.join(ovs) or '(base)'}", flush=True)
-        try:
-            cfg = compose(list(spec.base) + ovs + extra)
-            # the callback also records the MLflow run id at the start (a dead worker's run is then ended FAILED)
-            # and the validation history; an injected fit (tests) without pruning rules gets none
-            use_cb = spec.pruning or fit_fn is None
-            summary = (fit_fn or _real_fit())(cfg, callbacks=[pruning_callback(trial, spec.pruning)] if use_cb
-                                              else [])
-        except optuna.TrialPruned as e:
-            for c in spec.constraints:  # no final metrics: infeasible for the samplers
-                trial.set_constraint(c.key, 1.0)
-            runs.mark_pruned(trial, str(e))
-            print(f"[study] trial {trial.number} pruned: {e}", flush=True)
-            raise
-        if summary.get("mlflow_run_id"):
-            trial.set_user_attr("mlflow_run_id", summary["mlflow_run_id"])
-        metrics = {k: metric_value(summary, k) for k in TRIAL_METRICS}
-        metrics.update({o.metric: metric_value(summary, o.metric) for o in spec.objectives})
+              f"{' '.join(ovs) or '(base)'}{f' on seeds {spec.seeds}' if spec.seeds else ''}", flush=True)
+        summaries = []
+        for seed in spec.seeds or [None]:  # seeds: one run each, in turn; a seed that is pruned prunes the trial
+            one = ([f"output_dir='{out_dir}'", f"run_name='{spec.name}-t{trial.number}'"] if seed is None else
+                   [f"output_dir='{out_dir / f's{seed}'}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'",
+                    f"seed={seed}"])
+            try:
+                cfg = compose(list(spec.base) + ovs + extra + one)
+                # the callback also records the MLflow run id at the start (a dead worker's run is then ended
+                # FAILED) and the validation history; an injected fit (tests) without pruning rules gets none
+                use_cb = spec.pruning or fit_fn is None
+                summaries.append((fit_fn or _real_fit())(cfg, callbacks=[pruning_callback(trial, spec.pruning)]
+                                                         if use_cb else []))
+            except optuna.TrialPruned as e:
+                for c in spec.constraints:  # no final metrics: infeasible for the samplers
+                    trial.set_constraint(c.key, 1.0)
+                runs.mark_pruned(trial, str(e))
+                print(f"[study] trial {trial.number} pruned{'' if seed is None else f' at seed {seed}'}: {e}",
+                      flush=True)
+                raise
+        run_ids = [s["mlflow_run_id"] for s in summaries if s.get("mlflow_run_id")]
+        if run_ids:
+            trial.set_user_attr("mlflow_run_id", ",".join(run_ids))
+        names = list(dict.fromkeys([*TRIAL_METRICS, *(o.metric for o in spec.objectives),
+                                    *(c.metric for c in spec.constraints)]))
+        per_seed = [{k: metric_value(s, k) for k in names} for s in summaries]
+        summary = {k: _mean([m[k] for m in per_seed]) for k in names}  # by logged name
+        if spec.seeds:
+            trial.set_user_attr("seed_metrics", {str(seed): {k: v for k, v in m.items() if v is not None}
+                                                 for seed, m in zip(spec.seeds, per_seed)})
+        metrics = {k: summary[k] for k in TRIAL_METRICS}
+        metrics.update({o.metric: summary[o.metric] for o in spec.objectives})
         trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if v is not None})
         if spec.constraints:
             cons = []
             for c in spec.constraints:
-                v = metric_value(summary, c.metric)
+                v = summary[c.metric]
                 if v is None:
                     check(c.missing == "ignore", "constraints.metric", c.metric,
                           "is not in the fit summary (set missing: ignore to treat it as satisfied)")
@@ -151,7 +165,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             trial.set_user_attr("constraints", cons)  # for trials.csv's `feasible`
         values = []
         for o in spec.objectives:
-            v = metric_value(summary, o.metric)
+            v = summary[o.metric]
             if not isinstance(v, (int, float)) or math.isnan(float(v)):
                 msg = f"objective {o.metric} is {v!r} in the fit summary"
                 trial.set_user_attr("error", msg)
@@ -160,6 +174,15 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         return values
 
     return objective
+
+
+def _mean(values: list):
+    """The mean over seeds of one metric; None when a seed lacks it (a non-number is kept when there is one seed)."""
+    if any(v is None for v in values):
+        return None
+    if len(values) == 1:
+        return values[0]
+    return sum(float(v) for v in values) / len(values) if all(isinstance(v, (int, float)) for v in values) else None
 
 
 def _real_fit() -> FitFn:

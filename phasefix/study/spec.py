@@ -17,7 +17,7 @@ from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import OUTPUTS_DIR
 
 TOP_KEYS = ("name", "description", "base", "params", "objectives", "constraints", "sampler", "n_trials", "timeout",
-            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name", "confirm")
+            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name", "confirm", "seeds")
 CONFIRM_KEYS = ("seeds", "baseline")
 PARAM_KEYS = ("choices", "high", "log", "low", "override", "requires", "step", "type")
 PARAM_TYPES = ("categorical", "int", "float", "logfloat")
@@ -132,6 +132,7 @@ class StudySpec:
     reports_dir: Path | None = None
     experiment_name: str | None = None
     description: str = ""
+    seeds: list[int] = field(default_factory=list)  # each trial trains on every seed; its metrics are their mean
     confirm_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])  # `confirm=k`: fresh seeds ...
     confirm_baseline: list[str] = field(default_factory=list)  # ... and the unmitigated model (overrides on base)
     raw: dict = field(default_factory=dict)
@@ -284,6 +285,9 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
     if timeout is not None:
         timeout = _num("timeout", timeout)
         check(timeout > 0, "timeout", timeout, "must be > 0 seconds")
+    seeds = _seed_list("seeds", raw["seeds"]) if raw.get("seeds") is not None else []
+    check(not seeds or not any(o.startswith("seed=") for o in base), "seeds", seeds,
+          "and a seed= in base exclude each other (seeds: sets each run's seed)")
     max_failures = _num("max_failures", raw.get("max_failures", 5), int)
     check(max_failures >= 1, "max_failures", max_failures, "must be >= 1")
 
@@ -297,9 +301,10 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
 
     exp = raw.get("experiment_name")
     check(exp is None or isinstance(exp, str), "experiment_name", exp, "must be a string")
-    return StudySpec(name=name, path=path, base=list(base), **sections, n_trials=n_trials, timeout=timeout,
-                     max_failures=max_failures, output_dir=a_path("output_dir"), reports_dir=a_path("reports_dir"),
-                     experiment_name=exp, description=str(raw.get("description") or ""), raw=raw)
+    return StudySpec(name=name, path=path, base=list(base), **sections, seeds=seeds, n_trials=n_trials,
+                     timeout=timeout, max_failures=max_failures, output_dir=a_path("output_dir"),
+                     reports_dir=a_path("reports_dir"), experiment_name=exp,
+                     description=str(raw.get("description") or ""), raw=raw)
 
 
 def _known_keys(d: dict, allowed: Sequence[str], where: str, what: str) -> None:
@@ -381,14 +386,18 @@ def _parse_confirm(raw) -> dict:
     raw = raw or {}
     check(isinstance(raw, dict), "confirm", raw, "must be a mapping {seeds, baseline}")
     _known_keys(raw, CONFIRM_KEYS, "confirm", "a confirm key")
-    seeds = raw.get("seeds", [1, 2, 3])
-    check(isinstance(seeds, list) and len(seeds) >= 1 and len(set(seeds)) == len(seeds) and all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds), "confirm.seeds", seeds,
-        "must be a list of distinct integers >= 0")
+    seeds = _seed_list("confirm.seeds", raw.get("seeds", [1, 2, 3]))
     baseline = raw.get("baseline") or []
     check(isinstance(baseline, list) and all(isinstance(o, str) and "=" in o for o in baseline), "confirm.baseline",
           baseline, "must be a list of key=value overrides (added to base: the unmitigated model)")
     return {"confirm_seeds": list(seeds), "confirm_baseline": list(baseline)}
+
+
+def _seed_list(key: str, seeds) -> list[int]:
+    check(isinstance(seeds, list) and len(seeds) >= 1 and len(set(seeds)) == len(seeds) and all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds), key, seeds,
+        "must be a list of distinct integers >= 0")
+    return list(seeds)
 
 
 def _parse_storage(raw) -> dict:
