@@ -6,6 +6,7 @@ storage and worker machinery in seconds; the smoke tests run real fits.
 """
 from __future__ import annotations
 
+import csv
 import functools
 import glob
 import os
@@ -167,6 +168,9 @@ def test_a_study_with_seeds_trains_every_trial_on_each_seed_and_scores_their_mea
         assert t.user_attrs["seed_metrics"]["1"]["final/prefix/acc_worst"] == pytest.approx(0.2)
         assert t.user_attrs["metrics"]["train_seconds"] == pytest.approx(15.0)
         assert t.user_attrs["mlflow_run_id"] == f"run{t.number}s0,run{t.number}s1"
+    rows = list(csv.DictReader(open(tmp_path / "reports" / "seeded" / "trials.csv")))
+    assert [(r["final/prefix/acc_worst"], r["final/prefix/acc_worst@s0"], r["final/prefix/acc_worst@s1"])
+            for r in rows] == [("0.4", "0.6", "0.2")] * 2
     both = write_study(tmp_path, mlflow_db, name="both", seeds=[0, 1],
                        base=yaml.safe_load(SMOKE.read_text())["base"] + ["seed=3"])
     with pytest.raises(ConfigError, match=r"^both.yaml: seeds=\[0, 1\] is invalid"):

@@ -45,6 +45,11 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
         row = {"trial": t.number, "state": t.state.name}
         for o, v in zip(spec.objectives, t.values or [None] * len(spec.objectives)):
             row[o.metric] = None if v is None else round(v, 4)
+        by_seed = t.user_attrs.get("seed_metrics") or {}
+        for seed in spec.seeds:  # a study with seeds: each seed's objectives beside their mean
+            for o in spec.objectives:
+                v = by_seed.get(str(seed), {}).get(o.metric)
+                row[f"{o.metric}@s{seed}"] = None if v is None else round(v, 4)
         # trials of earlier versions kept `prefix.acc_gap`, `lm_loss`: the same metrics
         extra = {logged_name(k): v for k, v in (t.user_attrs.get("metrics") or {}).items()}
         for k in EXTRA_COLUMNS:
