@@ -117,7 +117,7 @@ def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, 
         row = {"regime": regime, "arm": arm, "padding": pad, "seeds": len(members), "learned": len(ok),
                "goal_met": sum(m["acc_worst"] >= GOAL_RATIO * m["acc_mean"] and not (m["acc_mean"] < bm)
                                for m in ok),
-               "baseline_learned": not math.isnan(bm),
+               "baseline_learned": not math.isnan(bm), "baseline_run": (regime, pad) in base_mean,
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in ("acc_mean", "acc_worst", "worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
             row[k], row[k + "_sd"] = _mean_sd([_num(m.get(k)) for m in ok])
@@ -163,7 +163,8 @@ def markdown(drows: Sequence[Mapping]) -> str:
     for r in drows:
         lm = "" if math.isnan(r["lm_loss"]) else (
             f"{r['lm_loss']:.3f}" + ("" if math.isnan(r["lm_loss_change"]) else f" ({r['lm_loss_change']:+.1%})"))
-        goal = f"{r['goal_met']}/{r['seeds']}" if r["baseline_learned"] else "baseline not learned"
+        goal = (f"{r['goal_met']}/{r['seeds']}" if r["baseline_learned"] else
+                "baseline not learned" if r.get("baseline_run", True) else "no baseline run")
         period = "" if math.isnan(_num(r["period"])) else str(int(r["period"]))
         flops = "" if math.isnan(r["compressor_flops_per_token"]) else f"{r['compressor_flops_per_token']:,.0f}"
         entries = "" if math.isnan(r["cache_entries_per_token"]) else f"{r['cache_entries_per_token']:.3f}"

@@ -57,6 +57,8 @@ def test_a_regime_whose_baseline_never_learns_meets_no_goal():
     drows = comparison.decisive_rows(rows, {}, facts)
     assert not drows[0]["baseline_learned"]
     assert "baseline not learned" in comparison.markdown(drows)
+    alone = comparison.decisive_rows([_row("m0", "prefix", 0.9, 0.9)], {}, {"m0": _facts("new", "shared", True)})
+    assert "| no baseline run |" in comparison.markdown(alone)
 
 
 def test_figures_render(tmp_path):

@@ -182,7 +182,9 @@ def _mean(values: list):
         return None
     if len(values) == 1:
         return values[0]
-    return sum(float(v) for v in values) / len(values) if all(isinstance(v, (int, float)) for v in values) else None
+    if not all(isinstance(v, (int, float)) for v in values):
+        return None
+    return round(sum(float(v) for v in values) / len(values), 6)  # 6 digits: no float noise in trials.csv
 
 
 def _real_fit() -> FitFn:
