@@ -177,6 +177,20 @@ def test_a_study_with_seeds_trains_every_trial_on_each_seed_and_scores_their_mea
         load_spec(both)
 
 
+def test_a_continued_study_does_not_draw_its_first_trials_again(tmp_path, mlflow_db):
+    """A study with a fixed sampler seed, stopped and rerun: the rerun's trials are new draws (before, the seeded
+    startup sampler replayed trials 0, 1, ... and a resumed study ran them twice)."""
+    from phasefix.study import run_study
+
+    _, fake = fake_env(tmp_path, "plain")
+    path = write_study(tmp_path, mlflow_db, name="continued")
+    assert run_study(path, n_trials=2, workers=1, fit_fn=fake)["rc"] == 0
+    assert run_study(path, n_trials=4, workers=1, fit_fn=fake)["rc"] == 0
+    _, study = load(path)
+    drawn = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(drawn) == 4 and len(set(drawn)) == 4, drawn
+
+
 @pytest.mark.parametrize("option", [["--n-trials", "0"], ["--n-trials", "-1"], ["--workers", "0"]])
 def test_bad_budget_or_workers_fail_with_one_line(tmp_path, capsys, option):
     from phasefix.study.__main__ import main

@@ -67,12 +67,14 @@ def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
             heartbeat_stale_trial_callback=on_stale if with_callbacks else None)
 
 
-def make_sampler(spec: StudySpec, worker: int = 0):
-    """The study file's sampler; constraints reach it through `Trial.set_constraint` (see the objective)."""
+def make_sampler(spec: StudySpec, worker: int = 0, resumed: int = 0):
+    """The study file's sampler; constraints reach it through `Trial.set_constraint` (see the objective). `resumed`:
+    the trials already stored, so that a study continued with a fixed seed does not draw its first trials again."""
     import optuna
 
     s = spec.sampler
-    seed = None if s.get("seed") is None else s["seed"] + 1000 * worker  # workers must not propose the same
+    # workers must not propose the same, and neither must a rerun: the seed moves with the stored trials
+    seed = None if s.get("seed") is None else s["seed"] + 1000 * worker + 7919 * resumed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if s["type"] == "nsga2":
@@ -91,10 +93,10 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = make_storage(spec, url)
-    sampler = make_sampler(spec, worker)
     if create:
         study = optuna.create_study(storage=storage, study_name=spec.name, directions=spec.directions,
-                                    sampler=sampler, load_if_exists=True)
+                                    load_if_exists=True)
+        study.sampler = make_sampler(spec, worker, len(study.get_trials(deepcopy=False)))
         stored = [d.name.lower() for d in study.directions]
         check(stored == spec.directions, "objectives", spec.directions,
               f"differ from the stored study {spec.name!r} ({stored}) in {runs.redact(url)}: use another name or "
@@ -105,7 +107,9 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
                 warnings.simplefilter("ignore")  # "experimental"
                 study.set_metric_names(spec.metric_names)
         return study
-    return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
+    study = optuna.load_study(study_name=spec.name, storage=storage)
+    study.sampler = make_sampler(spec, worker, len(study.get_trials(deepcopy=False)))
+    return study
 
 
 def load_study(spec: StudySpec, url: str):
