@@ -60,12 +60,17 @@ def fake_fit(cfg, callbacks=(), *, fake_dir: str, mode: str = "barrier"):
             "prefix": {"acc_mean": round(1 - abs(lr - 3e-3) * 50, 4), "acc_worst": round(0.5 + 0.4 * weight, 4)}}
 
 
-def seeded_fit(cfg, callbacks=(), *, fake_dir: str):
+def seeded_fit(cfg, callbacks=(), *, fake_dir: str, prune_seed: int | None = None):
     """Stands in for `phasefix.fit.fit` in a study with `seeds:`: the accuracy depends on the seed alone, and every
-    call records its seed, run name and output directory."""
+    call records its seed, run name and output directory; `prune_seed`: that seed's run is pruned, as the study's
+    pruning callback would."""
     with open(Path(fake_dir) / "calls.txt", "a") as f:
         f.write(f"{cfg.logger.tags.trial} {cfg.seed} {cfg.run_name} {cfg.output_dir}\n")
     seed = int(cfg.seed)
+    if seed == prune_seed:
+        import optuna
+
+        raise optuna.TrialPruned(f"val/prefix/acc_mean=0.01 < 0.1 at step 6 (seed {seed})")
     return {"mlflow_run_id": f"run{cfg.logger.tags.trial}s{seed}", "train_seconds": 10.0 * (seed + 1),
             "prefix": {"acc_mean": 0.9 - 0.4 * seed, "acc_worst": 0.6 - 0.4 * seed}}
 
@@ -171,6 +176,15 @@ def test_a_study_with_seeds_trains_every_trial_on_each_seed_and_scores_their_mea
     rows = list(csv.DictReader(open(tmp_path / "reports" / "seeded" / "trials.csv")))
     assert [(r["final/prefix/acc_worst"], r["final/prefix/acc_worst@s0"], r["final/prefix/acc_worst@s1"])
             for r in rows] == [("0.4", "0.6", "0.2")] * 2
+    # a seed that is pruned prunes the trial: the later seeds do not run, the trial is infeasible
+    (d / "calls.txt").unlink()
+    pruned = write_study(tmp_path, mlflow_db, name="pruned_seed", seeds=[0, 1, 2], n_trials=1,
+                         constraints=[{"metric": "final/prefix/acc_worst", "min": 0.1}])
+    run_study(pruned, workers=1, fit_fn=functools.partial(seeded_fit, fake_dir=str(d), prune_seed=1))
+    assert [line.split()[1] for line in (d / "calls.txt").read_text().splitlines()] == ["0", "1"]
+    _, study = load(pruned)
+    (t,) = study.trials
+    assert t.state.name == "PRUNED" and t.values is None
     both = write_study(tmp_path, mlflow_db, name="both", seeds=[0, 1],
                        base=yaml.safe_load(SMOKE.read_text())["base"] + ["seed=3"])
     with pytest.raises(ConfigError, match=r"^both.yaml: seeds=\[0, 1\] is invalid"):

@@ -58,9 +58,7 @@ def plan(spec: StudySpec, study, k: int, experiment: str, tracking_uri: str) -> 
     with `action` new, resume (an unfinished run with a checkpoint) or done (a FINISHED run)."""
     from phasefix import tracking
 
-    study_seeds = ({str(s) for s in spec.seeds} or {o.split("=", 1)[1] for o in spec.base if o.startswith("seed=")}
-                   or {"0"})
-    clash = sorted(study_seeds & {str(s) for s in spec.confirm_seeds})
+    clash = sorted(set(spec.trial_seeds) & {str(s) for s in spec.confirm_seeds})
     check(not clash, "confirm.seeds", spec.confirm_seeds, f"must be fresh: the study's trials used seed {clash}")
     arms = [(BASELINE_ARM, None, list(spec.confirm_baseline))]
     arms += [(f"t{t.number}", t.number, trial_overrides(spec, t)) for t in top_trials(spec, study, k)]

@@ -142,6 +142,11 @@ class StudySpec:
         return [o.direction for o in self.objectives]
 
     @property
+    def trial_seeds(self) -> list[str]:
+        """The seeds the trials train on: `seeds`, else the base's `seed=`, else the config's default 0."""
+        return [str(x) for x in self.seeds] or [o.split("=", 1)[1] for o in self.base if o.startswith("seed=")] or ["0"]
+
+    @property
     def metric_names(self) -> list[str]:
         return [o.metric for o in self.objectives]
 
