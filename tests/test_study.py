@@ -176,6 +176,15 @@ def test_a_study_with_seeds_trains_every_trial_on_each_seed_and_scores_their_mea
     rows = list(csv.DictReader(open(tmp_path / "reports" / "seeded" / "trials.csv")))
     assert [(r["final/prefix/acc_worst"], r["final/prefix/acc_worst@s0"], r["final/prefix/acc_worst@s1"])
             for r in rows] == [("0.4", "0.6", "0.2")] * 2
+    # the committed report carries the per-seed values to a machine without the storage
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    run_study(path, n_trials=2, storage=fresh, fit_fn=functools.partial(seeded_fit, fake_dir=str(d)),
+              import_from=tmp_path / "reports" / "seeded" / "trials.csv")
+    for t in load(path, fresh)[1].trials:
+        assert t.user_attrs["seed_metrics"] == {"0": pytest.approx({"final/prefix/acc_mean": 0.9,
+                                                                    "final/prefix/acc_worst": 0.6}),
+                                                "1": pytest.approx({"final/prefix/acc_mean": 0.5,
+                                                                    "final/prefix/acc_worst": 0.2})}
     # a seed that is pruned prunes the trial: the later seeds do not run, the trial is infeasible
     (d / "calls.txt").unlink()
     pruned = write_study(tmp_path, mlflow_db, name="pruned_seed", seeds=[0, 1, 2], n_trials=1,

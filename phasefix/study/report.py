@@ -73,7 +73,7 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
 def import_trials(spec: StudySpec, study, path: str | Path) -> int:
     """Rebuild the finished trials of a `trials.csv` (`trial_rows`' format) in an empty study: a study continues
     from its committed report on a machine that does not have its storage. COMPLETE rows keep their objectives,
-    constraints, metrics and MLflow run id; PRUNED rows their params and why they were pruned (infeasible, as the
+    constraints, metrics, per-seed objectives (a study with `seeds:`) and MLflow run id; PRUNED rows their params and why they were pruned (infeasible, as the
     objective marks them); failed and running rows are left out (their params are retried by the sampler anyway).
     The params are replayed in the search space's order, so a mitigation's options appear exactly where `suggest`
     would have sampled them. Returns the number of trials added."""
@@ -128,6 +128,11 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
             cons = {k: (v if v is not None else 0.0 if feasible else 1.0) for k, v in cons.items()}
             metrics = {k: number(row.get(k)) for k in (*EXTRA_COLUMNS, *spec.metric_names)}
             attrs["metrics"] = {k: v for k, v in metrics.items() if v is not None}
+            by_seed = {str(seed): {o.metric: v for o in spec.objectives
+                                   if (v := number(row.get(f"{o.metric}@s{seed}"))) is not None}
+                       for seed in spec.seeds}  # the per-seed columns trial_rows wrote, back into seed_metrics
+            if any(by_seed.values()):
+                attrs["seed_metrics"] = {k: m for k, m in by_seed.items() if m}
             if spec.constraints:
                 attrs["constraints"] = list(cons.values())
         trials.append(optuna.trial.create_trial(
