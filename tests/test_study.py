@@ -181,6 +181,7 @@ def test_a_study_with_seeds_trains_every_trial_on_each_seed_and_scores_their_mea
     run_study(path, n_trials=2, storage=fresh, fit_fn=functools.partial(seeded_fit, fake_dir=str(d)),
               import_from=tmp_path / "reports" / "seeded" / "trials.csv")
     for t in load(path, fresh)[1].trials:
+        assert t.user_attrs["imported_from"].startswith("trials.csv")  # imported, not trained again
         assert t.user_attrs["seed_metrics"] == {"0": pytest.approx({"final/prefix/acc_mean": 0.9,
                                                                     "final/prefix/acc_worst": 0.6}),
                                                 "1": pytest.approx({"final/prefix/acc_mean": 0.5,

@@ -37,6 +37,11 @@ def feasible(trial) -> bool | None:
     return None if cons is None else all(c <= 0 for c in cons)
 
 
+def seed_column(metric: str, seed) -> str:
+    """trials.csv's column for one seed's value of an objective (a study with `seeds:`)."""
+    return f"{metric}@s{seed}"
+
+
 def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
     """One CSV row per trial: objectives, other metrics, feasibility, params, MLflow run, retry and why it ended."""
     params = [p.name for p in spec.params]
@@ -49,7 +54,7 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
         for seed in spec.seeds:  # a study with seeds: each seed's objectives beside their mean
             for o in spec.objectives:
                 v = by_seed.get(str(seed), {}).get(o.metric)
-                row[f"{o.metric}@s{seed}"] = None if v is None else round(v, 4)
+                row[seed_column(o.metric, seed)] = None if v is None else round(v, 4)
         # trials of earlier versions kept `prefix.acc_gap`, `lm_loss`: the same metrics
         extra = {logged_name(k): v for k, v in (t.user_attrs.get("metrics") or {}).items()}
         for k in EXTRA_COLUMNS:
@@ -73,8 +78,8 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
 def import_trials(spec: StudySpec, study, path: str | Path) -> int:
     """Rebuild the finished trials of a `trials.csv` (`trial_rows`' format) in an empty study: a study continues
     from its committed report on a machine that does not have its storage. COMPLETE rows keep their objectives,
-    constraints, metrics, per-seed objectives (a study with `seeds:`) and MLflow run id; PRUNED rows their params and why they were pruned (infeasible, as the
-    objective marks them); failed and running rows are left out (their params are retried by the sampler anyway).
+    constraints, metrics, per-seed objectives (a study with `seeds:`) and MLflow run id; PRUNED rows their params and
+    why they were pruned (infeasible, as the objective marks them); failed and running rows are left out (their params are retried by the sampler anyway).
     The params are replayed in the search space's order, so a mitigation's options appear exactly where `suggest`
     would have sampled them. Returns the number of trials added."""
     import optuna
@@ -129,7 +134,7 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
             metrics = {k: number(row.get(k)) for k in (*EXTRA_COLUMNS, *spec.metric_names)}
             attrs["metrics"] = {k: v for k, v in metrics.items() if v is not None}
             by_seed = {str(seed): {o.metric: v for o in spec.objectives
-                                   if (v := number(row.get(f"{o.metric}@s{seed}"))) is not None}
+                                   if (v := number(row.get(seed_column(o.metric, seed)))) is not None}
                        for seed in spec.seeds}  # the per-seed columns trial_rows wrote, back into seed_metrics
             if any(by_seed.values()):
                 attrs["seed_metrics"] = {k: m for k, m in by_seed.items() if m}

@@ -96,7 +96,6 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
     if create:
         study = optuna.create_study(storage=storage, study_name=spec.name, directions=spec.directions,
                                     load_if_exists=True)
-        study.sampler = make_sampler(spec, worker, len(study.get_trials(deepcopy=False)))
         stored = [d.name.lower() for d in study.directions]
         check(stored == spec.directions, "objectives", spec.directions,
               f"differ from the stored study {spec.name!r} ({stored}) in {runs.redact(url)}: use another name or "
@@ -106,8 +105,8 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "experimental"
                 study.set_metric_names(spec.metric_names)
-        return study
-    study = optuna.load_study(study_name=spec.name, storage=storage)
+    else:
+        study = optuna.load_study(study_name=spec.name, storage=storage)
     study.sampler = make_sampler(spec, worker, len(study.get_trials(deepcopy=False)))
     return study
 
