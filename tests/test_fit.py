@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from phasefix.errors import ConfigError
 from phasefix.fit import compose, fit, main
@@ -43,10 +44,12 @@ def group_options():
 def test_every_config_group_composes(group, option):
     from phasefix.fit import plan
 
-    prefix = "+" if group in ("mitigation", "experiment") else ""
+    prefix = "+" if group in ("mitigation", "experiment", "recipe") else ""
     cfg = compose([f"{prefix}{group}={option}"])  # every option works alone (data=lm_mix brings its vocabulary)
     if group == "experiment":  # a global package: it rewrites other groups
         assert cfg.run_name
+    elif group == "recipe":  # a global package too: it sets keys of other groups and adds none of its own
+        assert "recipe" not in cfg and cfg.optim != compose([]).optim
     else:
         assert cfg[group] is not None
     gpu = "gpu" in option or cfg.trainer.accelerator == "gpu"
@@ -67,6 +70,25 @@ def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
         assert len(summary[pad]["per_residue"]) == 24
     if cfg.data.kind == "lm_mix":  # held-out text loss, near log(vocab) for an untrained model
         assert 0 < summary["lm_loss"] < 2 * math.log(cfg.model.vocab_size)
+
+
+def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
+    """`+recipe=learned` must train what the study's trial 1 trained: every searched param, read from the committed
+    trials.csv (not from the preset), lands on its override key."""
+    import csv
+
+    from phasefix.study.spec import load_spec
+
+    spec = load_spec(PROJECT_ROOT / "studies/learn_recipe.yaml")
+    with open(PROJECT_ROOT / "studies/reports/learn_recipe/trials.csv") as f:
+        trial = next(r for r in csv.DictReader(f) if r["trial"] == "1")
+    cfg = compose(["+recipe=learned"])
+    for p in spec.params:
+        got = OmegaConf.select(cfg, p.override)
+        if p.type == "categorical":
+            assert str(got) == trial[p.name], p.name
+        else:  # trials.csv keeps 6 significant digits
+            assert got == pytest.approx(float(trial[p.name]), rel=1e-5), p.name
 
 
 def test_mitigations_compose_together():

@@ -184,7 +184,7 @@ def _mean(values: list):
         return values[0]
     if not all(isinstance(v, (int, float)) for v in values):
         return None
-    return round(sum(float(v) for v in values) / len(values), 6)  # 6 digits: no float noise in trials.csv
+    return sum(float(v) for v in values) / len(values)
 
 
 def _real_fit() -> FitFn:

@@ -59,7 +59,8 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
         extra = {logged_name(k): v for k, v in (t.user_attrs.get("metrics") or {}).items()}
         for k in EXTRA_COLUMNS:
             if k not in row and k in extra:
-                row[k] = extra[k]
+                v = extra[k]
+                row[k] = round(v, 6) if isinstance(v, float) else v  # a mean over seeds: no float noise in the CSV
         if spec.constraints:
             cons = t.user_attrs.get("constraints")
             row["feasible"] = feasible(t)
@@ -79,7 +80,8 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
     """Rebuild the finished trials of a `trials.csv` (`trial_rows`' format) in an empty study: a study continues
     from its committed report on a machine that does not have its storage. COMPLETE rows keep their objectives,
     constraints, metrics, per-seed objectives (a study with `seeds:`) and MLflow run id; PRUNED rows their params and
-    why they were pruned (infeasible, as the objective marks them); failed and running rows are left out (their params are retried by the sampler anyway).
+    why they were pruned (infeasible, as the objective marks them); failed and running rows are left out (the sampler
+    retries their params anyway).
     The params are replayed in the search space's order, so a mitigation's options appear exactly where `suggest`
     would have sampled them. Returns the number of trials added."""
     import optuna
