@@ -49,7 +49,7 @@ def test_every_config_group_composes(group, option):
     if group == "experiment":  # a global package: it rewrites other groups
         assert cfg.run_name
     elif group == "recipe":  # a global package too: it sets keys of other groups and adds none of its own
-        assert "recipe" not in cfg and cfg.optim != compose([]).optim
+        assert "recipe" not in cfg and cfg != compose([])
     else:
         assert cfg[group] is not None
     gpu = "gpu" in option or cfg.trainer.accelerator == "gpu"
@@ -73,22 +73,22 @@ def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
 
 
 def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
-    """`+recipe=learned` must train what the study's trial 1 trained: every searched param, read from the committed
-    trials.csv (not from the preset), lands on its override key."""
-    import csv
+    """`+recipe=learned` composes the config learn_recipe's trial 1 trained: the trial is imported from the committed
+    trials.csv (not read from the preset) and turned into overrides the way confirm re-runs a trial."""
+    import optuna
 
+    from phasefix.study.confirm import trial_overrides
+    from phasefix.study.report import import_trials
     from phasefix.study.spec import load_spec
 
     spec = load_spec(PROJECT_ROOT / "studies/learn_recipe.yaml")
-    with open(PROJECT_ROOT / "studies/reports/learn_recipe/trials.csv") as f:
-        trial = next(r for r in csv.DictReader(f) if r["trial"] == "1")
-    cfg = compose(["+recipe=learned"])
-    for p in spec.params:
-        got = OmegaConf.select(cfg, p.override)
-        if p.type == "categorical":
-            assert str(got) == trial[p.name], p.name
-        else:  # trials.csv keeps 6 significant digits
-            assert got == pytest.approx(float(trial[p.name]), rel=1e-5), p.name
+    study = optuna.create_study(directions=spec.directions)
+    import_trials(spec, study, PROJECT_ROOT / "studies/reports/learn_recipe/trials.csv")
+    trial = next(t for t in study.trials if t.number == 1)
+    trained = OmegaConf.to_container(compose([*spec.base, *trial_overrides(spec, trial)]))
+    preset = OmegaConf.to_container(compose([*spec.base, "+recipe=learned"]))
+    assert preset["optim"].pop("lr") == pytest.approx(trained["optim"].pop("lr"), rel=1e-5)  # trials.csv: 6 digits
+    assert preset == trained
 
 
 def test_mitigations_compose_together():
