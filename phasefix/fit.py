@@ -244,7 +244,6 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
-                tracking.log_metric_values(c, run_id, {"final/lm_loss": summary["lm_loss"]})
             log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
             tracking.write_json(out_dir / "summary.json", summary)
             tracking.log_dict(c, run_id, summary, "summary.json")
@@ -291,6 +290,8 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
     tracking.rewind(c, run_id, final=True)  # a resumed run's earlier final results: replaced, not duplicated
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
+    if "lm_loss" in summary:  # logged after the rewind above, which would delete it
+        tracking.log_metric_values(c, run_id, {"final/lm_loss": summary["lm_loss"]})
     from phasefix import plots
 
     fig = plots.phase_curves(results, model_cfg.stride, title=f"{run_name(cfg)}  (run {run_id[:8]})")

@@ -70,6 +70,8 @@ def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
         assert len(summary[pad]["per_residue"]) == 24
     if cfg.data.kind == "lm_mix":  # held-out text loss, near log(vocab) for an untrained model
         assert 0 < summary["lm_loss"] < 2 * math.log(cfg.model.vocab_size)
+        run = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(summary["mlflow_run_id"])
+        assert run.data.metrics["final/lm_loss"] == summary["lm_loss"]  # in the UI too, not only in summary.json
 
 
 def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
