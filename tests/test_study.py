@@ -564,6 +564,51 @@ def test_sigkilled_workers_trial_is_failed_and_retried(tmp_path, mlflow_db):
     assert len(retries) == 1 and retries[0].state.name == "COMPLETE" and retries[0].params == victim.params
 
 
+def interrupted_fit(cfg, callbacks=()):
+    """`phasefix.fit.fit` stopped by Ctrl-C at step 10 (its periodic checkpoints: steps 4 and 8)."""
+    from lightning.pytorch.callbacks import Callback
+
+    from phasefix.fit import fit
+
+    class CtrlC(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step >= 10:
+                raise KeyboardInterrupt
+
+    return fit(cfg, callbacks=[*callbacks, CtrlC()])
+
+
+def test_an_interrupted_trial_is_retried_from_its_last_checkpoint(tmp_path, mlflow_db):
+    from mlflow.tracking import MlflowClient
+
+    from phasefix.study import run_study
+
+    base = [o for o in yaml.safe_load(SMOKE.read_text())["base"] if not o.startswith("trainer.checkpoint_every")]
+    path = write_study(tmp_path, mlflow_db, name="revive", n_trials=1, params={}, sampler={"type": "random"},
+                       base=base + ["trainer.checkpoint_every_n_steps=4", f"logger.tracking_uri={mlflow_db}"])
+    assert run_study(path, fit_fn=interrupted_fit)["rc"] == 130
+    spec, study = load(path)
+    assert states(study) == {"FAIL": 1}
+    first = study.trials[0]
+    assert "interrupted at step 10" in first.user_attrs["interrupted"]
+
+    assert run_study(path)["rc"] == 0  # rerun: the retry continues the run
+    spec, study = load(path)
+    assert states(study) == {"FAIL": 1, "COMPLETE": 1}
+    retry = study.trials[1]
+    assert retry.system_attrs["failed_trial"] == 0
+    run_id = first.user_attrs["mlflow_run_id"]
+    assert retry.user_attrs["mlflow_run_id"] == run_id  # the same MLflow run, continued
+    assert retry.user_attrs["run_dirs"] == first.user_attrs["run_dirs"]
+    run = MlflowClient(tracking_uri=mlflow_db).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["resumed_from"].endswith("(step 10)")  # Ctrl-C's checkpoint, not step 0
+    assert run.data.tags["trial"] == "1" and run.data.tags["retry_of"] == "0"
+    assert [h["step"] for h in retry.user_attrs["val_history"]] == [6, 12]  # step 6 from before the interrupt
+    steps = [m.step for m in MlflowClient(tracking_uri=mlflow_db).get_metric_history(run_id, "val/prefix/acc_mean")]
+    assert len(steps) == len(set(steps)) == 2  # one point per validation, nothing logged twice
+
+
 # ------------------------------------------------------------------------------------------------ PostgreSQL
 def _pg_bindir() -> Path | None:
     found = shutil.which("pg_ctl")

@@ -43,17 +43,20 @@ def metric_value(summary: dict, metric: str):
     return v
 
 
-def pruning_callback(trial, rules: Sequence[PruneRule]):
+def pruning_callback(trial, rules: Sequence[PruneRule], history: Sequence[dict] = ()):
     """A Lightning callback: records each validation in the trial (user attr `val_history`) and raises
     `optuna.TrialPruned` when a rule's metric misses its bound at the first validation at or after its step.
-    Multi-objective studies cannot use `trial.report`/`should_prune`, so this is the study's pruner."""
+    Multi-objective studies cannot use `trial.report`/`should_prune`, so this is the study's pruner.
+    `history`: the validations of the run this one resumes; a rule they reached was passed there and is not checked
+    again."""
     import optuna
     from lightning.pytorch.callbacks import Callback
 
     class StudyPruner(Callback):
         def __init__(self):
-            self.done: set[int] = set()
-            self.history: list[dict] = []
+            last = max((h["step"] for h in history), default=-1)
+            self.done: set[int] = {i for i, r in enumerate(rules) if r.step <= last}
+            self.history: list[dict] = list(history)
 
         def on_train_start(self, trainer, pl_module):
             run_id = getattr(trainer.logger, "run_id", None)
@@ -93,6 +96,9 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             return run_trial(trial)
         except optuna.TrialPruned:
             raise
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the next run of the study retries it from its checkpoints
+            trial.set_user_attr("interrupted", (str(e).splitlines() or ["interrupted"])[0][:500])
+            raise
         except Exception as e:  # every error is recorded, so that max_failures can stop a broken study
             if not trial.user_attrs.get("error"):
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
@@ -104,7 +110,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         from phasefix.fit import compose
 
         for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics",
-                  "seed_metrics"):  # a retry's copy
+                  "seed_metrics", "run_dirs", "interrupted"):  # a retry's copy
             if k in trial.user_attrs:
                 trial.set_user_attr(k, None)
         ovs = suggest(trial, spec)
@@ -118,21 +124,37 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             extra.append(f"logger.experiment_name='{exp}'")
         if threads and not any(o.startswith("trainer.num_threads=") for o in spec.base + ovs):
             extra.append(f"trainer.num_threads={threads}")
-        retried = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+        system = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+        retried = system.get("failed_trial")
+        # a retry of a trial that was interrupted or whose worker died continues the runs of the latest attempt
+        # (retry_history's last) from their last checkpoints
+        prior = runs.retried_trial(trial.study, (system.get("retry_history") or [retried])[-1])
+        prior_dirs = runs.run_dirs(trial.study, prior) if prior is not None else {}
         print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
               f"{' '.join(ovs) or '(base)'}{f' on seeds {spec.seeds}' if spec.seeds else ''}", flush=True)
-        summaries = []
+        summaries, dirs = [], {}
         for seed in spec.seeds or [None]:  # seeds: one run each, in turn; a seed that is pruned prunes the trial
-            one = ([f"output_dir='{out_dir}'", f"run_name='{spec.name}-t{trial.number}'"] if seed is None else
-                   [f"output_dir='{out_dir / f's{seed}'}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'",
-                    f"seed={seed}"])
+            run_dir, history = out_dir if seed is None else out_dir / f"s{seed}", []
+            one = ([f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}'"] if seed is None else
+                   [f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'", f"seed={seed}"])
+            overrides = list(spec.base) + ovs + extra + one
+            before = prior_dirs.get(str(seed))
+            if before is not None and (before / "checkpoints" / "last.ckpt").exists():
+                # the run's identity (overrides, tags, parent) is in its stored config: only the threads may change
+                run_dir = before
+                overrides = [f"resume='{run_dir}'", *[o for o in extra if o.startswith("trainer.num_threads=")]]
+                history = list(prior.user_attrs.get("val_history") or [])  # the last seed it trained: this one
+                runs.retag_resumed(trial, run_dir, prior.number)
+                print(f"[study] trial {trial.number}: continuing {run_dir} from its last checkpoint", flush=True)
+            dirs[str(seed)] = str(run_dir)
+            trial.set_user_attr("run_dirs", dirs)  # where a retry of this trial finds its runs
             try:
-                cfg = compose(list(spec.base) + ovs + extra + one)
+                cfg = compose(overrides)
                 # the callback also records the MLflow run id at the start (a dead worker's run is then ended
                 # FAILED) and the validation history; an injected fit (tests) without pruning rules gets none
                 use_cb = spec.pruning or fit_fn is None
-                summaries.append((fit_fn or _real_fit())(cfg, callbacks=[pruning_callback(trial, spec.pruning)]
-                                                         if use_cb else []))
+                summaries.append((fit_fn or _real_fit())(
+                    cfg, callbacks=[pruning_callback(trial, spec.pruning, history)] if use_cb else []))
             except optuna.TrialPruned as e:
                 for c in spec.constraints:  # no final metrics: infeasible for the samplers
                     trial.set_constraint(c.key, 1.0)

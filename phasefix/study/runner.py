@@ -46,11 +46,7 @@ def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
         engine_kwargs = {"connect_args": {"timeout": 120}}
     elif url.startswith(("postgresql", "mysql")):
         engine_kwargs = {"pool_pre_ping": True}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
-            optuna.storages.RetryFailedTrialCallback  # the new name since Optuna 4.9
-        retry = retry_cls(max_retry=spec.max_retry)
+    retry = retry_callback(spec)
 
     def on_stale(study, trial):
         retry(study, trial)
@@ -65,6 +61,34 @@ def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
             heartbeat_interval=spec.heartbeat_interval if with_callbacks else None,
             grace_period=spec.grace_period if with_callbacks else None,
             heartbeat_stale_trial_callback=on_stale if with_callbacks else None)
+
+
+def retry_callback(spec: StudySpec):
+    """Optuna's retry: a WAITING copy of a failed trial (same params), system attrs `failed_trial` and
+    `retry_history`, at most storage.max_retry times per trial."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+            optuna.storages.RetryFailedTrialCallback  # the new name since Optuna 4.9
+        return retry_cls(max_retry=spec.max_retry)
+
+
+def requeue_interrupted(spec: StudySpec, study) -> int:
+    """Trials that Ctrl-C or SIGTERM stopped (user attr `interrupted`; Optuna marks them failed) are retried when the
+    study is run again, continuing their runs from the last checkpoints. The number requeued."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    todo = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("interrupted")
+            and t.number not in retried]
+    retry = retry_callback(spec)
+    for t in todo:
+        retry(study, t)
+        print(f"[study] trial {t.number} was interrupted: retried, continuing its runs", flush=True)
+    return len(todo)
 
 
 def make_sampler(spec: StudySpec, worker: int = 0, resumed: int = 0):
@@ -277,6 +301,7 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     validate(spec)
     study = open_or_import(spec, url, import_from)
     runs.ensure_parent_run(spec, study, url)
+    requeue_interrupted(spec, study)
     n = counts(study)
     print(f"[study] {spec.name}: {runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "
           f"{workers} worker(s); MLflow parent run {study.user_attrs.get(runs.PARENT_ATTR)}", flush=True)
