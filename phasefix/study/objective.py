@@ -96,7 +96,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             return run_trial(trial)
         except optuna.TrialPruned:
             raise
-        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the next run of the study retries it from its checkpoints
+        except KeyboardInterrupt as e:  # Ctrl-C: the next run of the study retries it from its checkpoints
             trial.set_user_attr("interrupted", (str(e).splitlines() or ["interrupted"])[0][:500])
             raise
         except Exception as e:  # every error is recorded, so that max_failures can stop a broken study

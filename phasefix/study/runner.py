@@ -76,8 +76,9 @@ def retry_callback(spec: StudySpec):
 
 
 def requeue_interrupted(spec: StudySpec, study) -> int:
-    """Trials that Ctrl-C or SIGTERM stopped (user attr `interrupted`; Optuna marks them failed) are retried when the
-    study is run again, continuing their runs from the last checkpoints. The number requeued."""
+    """Trials that Ctrl-C stopped (user attr `interrupted`; Optuna marks them failed) are retried when the study is
+    run again, continuing their runs from the last checkpoints (SIGTERM leaves a trial RUNNING: it is retried as a
+    stale one). The number requeued."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
