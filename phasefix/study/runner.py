@@ -85,11 +85,17 @@ def requeue_interrupted(spec: StudySpec, study) -> int:
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     todo = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("interrupted")
             and t.number not in retried]
-    retry = retry_callback(spec)
+    retry, requeued = retry_callback(spec), 0
     for t in todo:
-        retry(study, t)
-        print(f"[study] trial {t.number} was interrupted: retried, continuing its runs", flush=True)
-    return len(todo)
+        before = len(study.get_trials(deepcopy=False))
+        retry(study, t)  # adds nothing once the trial was retried max_retry times
+        if len(study.get_trials(deepcopy=False)) > before:
+            requeued += 1
+            print(f"[study] trial {t.number} was interrupted: retried, continuing its runs", flush=True)
+        else:
+            print(f"[study] trial {t.number} was interrupted and retried {spec.max_retry} times already (max_retry): "
+                  "not retried", flush=True)
+    return requeued
 
 
 def make_sampler(spec: StudySpec, worker: int = 0, resumed: int = 0):
