@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from phasefix.errors import check
@@ -128,8 +129,9 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         retried = system.get("failed_trial")
         # a retry of a trial that was interrupted or whose worker died continues the runs of the latest attempt
         # (retry_history's last) from their last checkpoints
-        prior = runs.retried_trial(trial.study, (system.get("retry_history") or [retried])[-1])
-        prior_dirs = runs.run_dirs(trial.study, prior) if prior is not None else {}
+        latest = (system.get("retry_history") or [retried])[-1]
+        prior = None if latest is None else trial.study.get_trials(deepcopy=False)[latest]  # numbers are 0, 1, ...
+        prior_dirs = {k: Path(v) for k, v in (prior.user_attrs.get("run_dirs") or {}).items()} if prior else {}
         print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
               f"{' '.join(ovs) or '(base)'}{f' on seeds {spec.seeds}' if spec.seeds else ''}", flush=True)
         summaries, dirs = [], {}

@@ -125,45 +125,13 @@ def mark_lost(study, trial) -> None:
         print(f"[study] could not mark MLflow run {run_id} failed: {e}", file=sys.stderr)
 
 
-def retried_trial(study, number: int | None):
-    """The failed trial that trial `number` retries (Optuna's system attr `failed_trial`), or None."""
-    if number is None:
-        return None
-    return next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
-
-
-def run_dirs(study, trial) -> dict[str, Path]:
-    """Where `trial`'s fits live, by seed ('None' without seeds): its user attr `run_dirs`, or for a trial recorded
-    before that attr existed, the output directory of its MLflow run (the seed it was training)."""
-    dirs = trial.user_attrs.get("run_dirs")
-    if dirs:
-        return {k: Path(v) for k, v in dirs.items()}
-    run_id = trial.user_attrs.get("mlflow_run_id")
-    if not run_id or "," in run_id:
-        return {}
-    try:
-        tags = _client(study).get_run(run_id).data.tags
-    except Exception as e:  # MLflow down: the retry starts afresh
-        print(f"[study] could not read MLflow run {run_id}: {e}", file=sys.stderr)
-        return {}
-    out = tags.get("output_dir")
-    if not out:
-        return {}
-    seeded = Path(out).name == f"s{tags.get('seed')}"  # a study with seeds runs seed k in <trial dir>/s<k>
-    return {tags["seed"] if seeded else "None": Path(out)}
-
-
 def retag_resumed(trial, run_dir: Path, retry_of: int) -> None:
     """A run a retry continues: tagged with the retry's trial number (and the trial it was started by)."""
-    from phasefix.tracking import read_json
+    from phasefix import tracking
+    from phasefix.run import Run
 
-    info = read_json(Path(run_dir) / "run.json") if (Path(run_dir) / "run.json").exists() else {}
-    if not info.get("mlflow_run_id"):
-        return
+    run = Run.open(str(run_dir), key="resume")  # run.json: its MLflow run and store
     try:
-        from phasefix import tracking
-
-        c = tracking.client(info.get("tracking_uri"))
-        tracking.set_tags(c, info["mlflow_run_id"], {"trial": trial.number, "retry_of": retry_of})
+        tracking.set_tags(tracking.client(run.tracking_uri), run.run_id, {"trial": trial.number, "retry_of": retry_of})
     except Exception as e:  # MLflow down must not stop the study
-        print(f"[study] could not tag MLflow run {info['mlflow_run_id']}: {e}", file=sys.stderr)
+        print(f"[study] could not tag MLflow run {run.run_id}: {e}", file=sys.stderr)
