@@ -215,6 +215,70 @@ def test_a_continued_study_does_not_draw_its_first_trials_again(tmp_path, mlflow
     assert len(drawn) == 4 and len(set(drawn)) == 4, drawn
 
 
+def shift_fit(cfg, callbacks=(), *, fake_dir: str):
+    """Stands in for `phasefix.fit.fit` in a study over `model.token_shift` alone: every call is recorded; shift 0 is
+    pruned, 2 and 3 end at fixed accuracies."""
+    shift = int(cfg.model.token_shift)
+    with open(Path(fake_dir) / "calls.txt", "a") as f:
+        f.write(f"{cfg.logger.tags.trial} {shift}\n")
+    if shift == 0:
+        import optuna
+
+        raise optuna.TrialPruned("val/prefix/acc_mean=0.01 < 0.1 at step 6")
+    return {"mlflow_run_id": f"run{cfg.logger.tags.trial}", "train_seconds": 1.0,
+            "prefix": {"acc_mean": {2: 0.9, 3: 0.8}[shift], "acc_worst": {2: 0.5, 3: 0.8}[shift]}}
+
+
+@pytest.mark.parametrize("duplicates", ["reuse", "rerun"])
+def test_a_trial_with_a_finished_trials_params_takes_its_values_without_a_fit(tmp_path, mlflow_db, duplicates):
+    """Three choices, six trials: at least three repeat an earlier trial's params. With `duplicates: reuse` (the
+    default) each config is fitted once; a repeat of a complete trial gets its values, constraints and MLflow run, a
+    repeat of a pruned one is pruned; they are named in trials.csv and left out of the front. `rerun` fits every
+    trial. A bad value is one line naming the key."""
+    from phasefix.study import load_spec, run_study
+
+    d = tmp_path / "fake"
+    d.mkdir()
+    path = write_study(tmp_path, mlflow_db, name=f"twins_{duplicates}", n_trials=6, duplicates=duplicates,
+                       params={"shift": {"type": "categorical", "choices": [0, 2, 3], "override": "model.token_shift"}},
+                       sampler={"type": "random", "seed": 1},  # draws 2, 0, 3, 3, 2, 0
+                       constraints=[{"metric": "final/prefix/acc_worst", "min": 0.6}])
+    assert run_study(path, workers=1, fit_fn=functools.partial(shift_fit, fake_dir=str(d)))["rc"] == 0
+    calls = [line.split() for line in (d / "calls.txt").read_text().splitlines()]
+    _, study = load(path)
+    trials = study.trials
+    shifts = [t.params["shift"] for t in trials]
+    assert len(trials) == 6 and all(shifts.count(c) >= 2 for c in (0, 2, 3)), shifts  # every kind of repeat
+    if duplicates == "rerun":
+        assert [int(t) for t, _ in calls] == list(range(6))
+        assert not any("duplicate_of" in t.user_attrs for t in trials)
+        return
+    first = {s: shifts.index(s) for s in shifts}  # each config's first trial: the only one fitted
+    assert sorted(int(t) for t, _ in calls) == sorted(first.values())
+    rows = {int(r["trial"]): r for r in csv.DictReader(open(tmp_path / "reports" / path.stem / "trials.csv"))}
+    for t in trials:
+        twin = first[t.params["shift"]]
+        if t.number == twin:
+            assert "duplicate_of" not in t.user_attrs
+            continue
+        assert t.user_attrs["duplicate_of"] == twin
+        if t.params["shift"] == 0:
+            assert t.state.name == "PRUNED" and t.values is None
+            assert t.user_attrs["pruned"] == f"as trial {twin}: val/prefix/acc_mean=0.01 < 0.1 at step 6"
+            continue
+        expected = {2: [0.9, 0.5], 3: [0.8, 0.8]}[t.params["shift"]]
+        assert t.state.name == "COMPLETE" and t.values == pytest.approx(expected)
+        assert t.user_attrs["mlflow_run_id"] == f"run{twin}"
+        assert t.user_attrs["constraints"] == pytest.approx([0.6 - expected[1]])
+        assert rows[t.number]["note"] == f"duplicate of trial {twin} (its values, no fit)"
+    front = [int(r["trial"]) for r in csv.DictReader(open(tmp_path / "reports" / path.stem / "pareto.csv"))]
+    assert front == [first[3]]  # once; shift 2 is infeasible (worst 0.5 < 0.6)
+    bad = write_study(tmp_path, mlflow_db, name="bad_twins", duplicates="skip")
+    with pytest.raises(ConfigError, match=r"^bad_twins.yaml: duplicates='skip' is invalid: allowed values are "
+                                          r"'reuse', 'rerun'$"):
+        load_spec(bad)
+
+
 @pytest.mark.parametrize("option", [["--n-trials", "0"], ["--n-trials", "-1"], ["--workers", "0"]])
 def test_bad_budget_or_workers_fail_with_one_line(tmp_path, capsys, option):
     from phasefix.study.__main__ import main

@@ -79,11 +79,44 @@ def pruning_callback(trial, rules: Sequence[PruneRule], history: Sequence[dict] 
                 v = vals[r.metric]
                 if (r.min is not None and v < r.min) or (r.max is not None and v > r.max):
                     bound = f"< {r.min}" if r.min is not None else f"> {r.max}"
-                    msg = f"{r.metric}={v:.4f} {bound} at step {step}"
-                    trial.set_user_attr("pruned", msg)
-                    raise optuna.TrialPruned(msg)
+                    raise optuna.TrialPruned(f"{r.metric}={v:.4f} {bound} at step {step}")
 
     return StudyPruner()
+
+
+def earlier_twin(trial):
+    """The first finished (complete or pruned) trial with exactly this trial's params, or None. A fit is
+    deterministic at a seed (Lightning's deterministic mode, one thread count per study), so training the same
+    config again would repeat its numbers at the cost of a fit; TPE proposes such repeats once the front is found."""
+    from optuna.trial import TrialState
+
+    return next((t for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                 if t.number != trial.number and t.params == trial.params), None)
+
+
+def reuse_twin(trial, twin, spec: StudySpec):
+    """This trial ends as its twin did, without a fit: the twin's values, metrics, constraints and MLflow run (a
+    complete twin), or pruned with its reason; user attr `duplicate_of` names the twin (trials.csv's note)."""
+    import optuna
+
+    trial.set_user_attr("duplicate_of", twin.number)
+    if twin.state.name == "PRUNED":
+        for c in spec.constraints:  # no final metrics: infeasible for the samplers, as the twin
+            trial.set_constraint(c.key, 1.0)
+        msg = f"as trial {twin.number}: {twin.user_attrs.get('pruned') or 'pruned'}"
+        trial.set_user_attr("pruned", msg)
+        print(f"[study] trial {trial.number} pruned: the same params as trial {twin.number}, pruned there", flush=True)
+        raise optuna.TrialPruned(msg)
+    for k in ("metrics", "seed_metrics", "mlflow_run_id", "val_history"):
+        if twin.user_attrs.get(k) is not None:
+            trial.set_user_attr(k, twin.user_attrs[k])
+    cons = twin.user_attrs.get("constraints")
+    if spec.constraints and cons is not None:
+        for c, v in zip(spec.constraints, cons):
+            trial.set_constraint(c.key, v)
+        trial.set_user_attr("constraints", cons)
+    print(f"[study] trial {trial.number}: the same params as trial {twin.number}: its values, no new fit", flush=True)
+    return list(twin.values)
 
 
 def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | None = None,
@@ -111,11 +144,14 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         from phasefix.fit import compose
 
         for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics",
-                  "seed_metrics", "run_dirs", "interrupted"):  # a retry's copy
+                  "seed_metrics", "run_dirs", "interrupted", "duplicate_of"):  # a retry's copy
             if k in trial.user_attrs:
                 trial.set_user_attr(k, None)
         ovs = suggest(trial, spec)
         trial.set_user_attr("overrides", ovs)
+        twin = earlier_twin(trial) if spec.duplicates == "reuse" else None
+        if twin is not None:
+            return reuse_twin(trial, twin, spec)
         out_dir = spec.outputs() / f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}"
         extra = [f"+logger.tags.study='{spec.name}'", f"+logger.tags.trial='{trial.number}'"]
         if parent_run_id:
@@ -160,6 +196,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             except optuna.TrialPruned as e:
                 for c in spec.constraints:  # no final metrics: infeasible for the samplers
                     trial.set_constraint(c.key, 1.0)
+                trial.set_user_attr("pruned", str(e))
                 runs.mark_pruned(trial, str(e))
                 print(f"[study] trial {trial.number} pruned{'' if seed is None else f' at seed {seed}'}: {e}",
                       flush=True)

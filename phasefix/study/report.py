@@ -71,7 +71,9 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
             row[p] = float(f"{v:.6g}") if isinstance(v, float) else v  # 6 significant digits: lr 1e-3 keeps them
         row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id")
         row["retry_of"] = t.system_attrs.get("failed_trial")
-        row["note"] = t.user_attrs.get("pruned") or t.user_attrs.get("error")
+        twin = t.user_attrs.get("duplicate_of")
+        row["note"] = ((f"duplicate of trial {twin} (its values, no fit)" if twin is not None and t.values else None)
+                       or t.user_attrs.get("pruned") or t.user_attrs.get("error"))
         rows.append(row)
     return rows
 
@@ -161,13 +163,15 @@ def importances(spec: StudySpec, study) -> list[dict]:
     import optuna
     from optuna.importance import FanovaImportanceEvaluator
 
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and not duplicate(t)]
     if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
         return []
+    distinct = optuna.create_study(directions=study.directions)  # in memory: a duplicate would weigh its point twice
+    distinct.add_trials(complete)
     rows = []
     for i, metric in enumerate(spec.metric_names):
         try:
-            imp = optuna.importance.get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0),
+            imp = optuna.importance.get_param_importances(distinct, evaluator=FanovaImportanceEvaluator(seed=0),
                                                           target=lambda t, i=i: t.values[i])
         except (RuntimeError, ValueError):  # no param varies across the complete trials
             return []
@@ -175,11 +179,16 @@ def importances(spec: StudySpec, study) -> list[dict]:
     return rows
 
 
+def duplicate(trial) -> bool:
+    """A trial that took an earlier trial's values without a fit (the study file's `duplicates: reuse`)."""
+    return trial.user_attrs.get("duplicate_of") is not None
+
+
 def pareto_trials(spec: StudySpec, study) -> list:
     """The Pareto front of the complete trials (Optuna's `best_trials`: feasible ones only when the study has
-    constraints), best first objective first."""
+    constraints; a duplicate only through its twin), best first objective first."""
     signs = [1 if d == "maximize" else -1 for d in spec.directions]
-    return sorted(study.best_trials, key=lambda t: [-s * v for s, v in zip(signs, t.values)])
+    return sorted((t for t in study.best_trials if not duplicate(t)), key=lambda t: [-s * v for s, v in zip(signs, t.values)])
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -239,7 +248,7 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
         write_csv(out / "importances.csv", imp)
     from phasefix import plots
 
-    plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE"], front,
+    plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE" and not duplicate(t)], front,
                                   baseline=confirmed_baseline(out)), out / "pareto.png")
     n = counts(study)
     if log_to_mlflow:
@@ -249,8 +258,10 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
                                 *([out / "importances.csv"] if imp else [])], n, best)
     parent = study.user_attrs.get(runs.PARENT_ATTR)
     if not quiet:
-        print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete, {n['PRUNED']} pruned, "
-              f"{n['FAIL']} failed, {n['RUNNING']} running, {n['WAITING']} waiting; MLflow parent run {parent}")
+        twins = sum(duplicate(t) for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
+        print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete, {n['PRUNED']} pruned "
+              f"({twins} of them duplicates of earlier trials, not trained), {n['FAIL']} failed, "
+              f"{n['RUNNING']} running, {n['WAITING']} waiting; MLflow parent run {parent}")
         print(f"Pareto front ({len(front)} trials, best {spec.metric_names[0]} first):")
         print(format_table(front_rows))
         for metric in spec.metric_names:

@@ -17,7 +17,9 @@ from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import OUTPUTS_DIR
 
 TOP_KEYS = ("name", "description", "base", "params", "objectives", "constraints", "sampler", "n_trials", "timeout",
-            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name", "confirm", "seeds")
+            "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name", "confirm", "seeds",
+            "duplicates")
+DUPLICATES = ("reuse", "rerun")  # a trial whose params a finished trial already had: its values, or a new fit
 CONFIRM_KEYS = ("seeds", "baseline")
 PARAM_KEYS = ("choices", "high", "log", "low", "override", "requires", "step", "type")
 PARAM_TYPES = ("categorical", "int", "float", "logfloat")
@@ -133,6 +135,7 @@ class StudySpec:
     experiment_name: str | None = None
     description: str = ""
     seeds: list[int] = field(default_factory=list)  # each trial trains on every seed; its metrics are their mean
+    duplicates: str = "reuse"  # one of DUPLICATES
     confirm_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])  # `confirm=k`: fresh seeds ...
     confirm_baseline: list[str] = field(default_factory=list)  # ... and the unmitigated model (overrides on base)
     raw: dict = field(default_factory=dict)
@@ -304,9 +307,11 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
         p = Path(v).expanduser()
         return (p if p.is_absolute() else path.parent / p).resolve()
 
+    duplicates = raw.get("duplicates", "reuse")
+    check_choice("duplicates", duplicates, DUPLICATES)
     exp = raw.get("experiment_name")
     check(exp is None or isinstance(exp, str), "experiment_name", exp, "must be a string")
-    return StudySpec(name=name, path=path, base=list(base), **sections, seeds=seeds, n_trials=n_trials,
+    return StudySpec(name=name, path=path, base=list(base), **sections, seeds=seeds, duplicates=duplicates, n_trials=n_trials,
                      timeout=timeout, max_failures=max_failures, output_dir=a_path("output_dir"),
                      reports_dir=a_path("reports_dir"), experiment_name=exp,
                      description=str(raw.get("description") or ""), raw=raw)
