@@ -188,7 +188,8 @@ def pareto_trials(spec: StudySpec, study) -> list:
     """The Pareto front of the complete trials (Optuna's `best_trials`: feasible ones only when the study has
     constraints; a duplicate only through its twin), best first objective first."""
     signs = [1 if d == "maximize" else -1 for d in spec.directions]
-    return sorted((t for t in study.best_trials if not duplicate(t)), key=lambda t: [-s * v for s, v in zip(signs, t.values)])
+    return sorted((t for t in study.best_trials if not duplicate(t)),
+                  key=lambda t: [-s * v for s, v in zip(signs, t.values)])
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -259,8 +260,8 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
     parent = study.user_attrs.get(runs.PARENT_ATTR)
     if not quiet:
         twins = sum(duplicate(t) for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
-        print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete, {n['PRUNED']} pruned "
-              f"({twins} of them duplicates of earlier trials, not trained), {n['FAIL']} failed, "
+        print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete and {n['PRUNED']} pruned "
+              f"({twins} of these took an earlier trial's result: the same params, not trained), {n['FAIL']} failed, "
               f"{n['RUNNING']} running, {n['WAITING']} waiting; MLflow parent run {parent}")
         print(f"Pareto front ({len(front)} trials, best {spec.metric_names[0]} first):")
         print(format_table(front_rows))

@@ -184,11 +184,7 @@ def _choice_name(c) -> str | int | float | bool | None:
 
 
 def _hydra_value(v) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if v is None:
-        return "null"
-    return str(v)
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _parse_param(name: str, d, where: str) -> Param:
@@ -307,12 +303,11 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
         p = Path(v).expanduser()
         return (p if p.is_absolute() else path.parent / p).resolve()
 
-    duplicates = raw.get("duplicates", "reuse")
-    check_choice("duplicates", duplicates, DUPLICATES)
+    check_choice("duplicates", duplicates := raw.get("duplicates", "reuse"), DUPLICATES)
     exp = raw.get("experiment_name")
     check(exp is None or isinstance(exp, str), "experiment_name", exp, "must be a string")
-    return StudySpec(name=name, path=path, base=list(base), **sections, seeds=seeds, duplicates=duplicates, n_trials=n_trials,
-                     timeout=timeout, max_failures=max_failures, output_dir=a_path("output_dir"),
+    return StudySpec(name=name, path=path, base=list(base), **sections, seeds=seeds, duplicates=duplicates,
+                     n_trials=n_trials, timeout=timeout, max_failures=max_failures, output_dir=a_path("output_dir"),
                      reports_dir=a_path("reports_dir"), experiment_name=exp,
                      description=str(raw.get("description") or ""), raw=raw)
 
