@@ -97,26 +97,37 @@ def earlier_twin(trial):
 def reuse_twin(trial, twin, spec: StudySpec):
     """This trial ends as its twin did, without a fit: the twin's values, metrics, constraints and MLflow run (a
     complete twin), or pruned with its reason; user attr `duplicate_of` names the twin (trials.csv's note)."""
-    import optuna
-
     trial.set_user_attr("duplicate_of", twin.number)
-    if twin.state.name == "PRUNED":
-        for c in spec.constraints:  # no final metrics: infeasible for the samplers, as the twin
-            trial.set_constraint(c.key, 1.0)
-        msg = f"as trial {twin.number}: {twin.user_attrs.get('pruned') or 'pruned'}"
-        trial.set_user_attr("pruned", msg)
-        print(f"[study] trial {trial.number} pruned: the same params as trial {twin.number}, pruned there", flush=True)
-        raise optuna.TrialPruned(msg)
-    for k in ("metrics", "seed_metrics", "mlflow_run_id", "val_history"):
+    if twin.state.name == "PRUNED":  # before the twin's MLflow run is copied: ending this trial must not touch it
+        end_pruned(trial, spec, f"as trial {twin.number}: {twin.user_attrs.get('pruned') or 'pruned'}")
+    for k in ("metrics", "seed_metrics", "mlflow_run_id"):
         if twin.user_attrs.get(k) is not None:
             trial.set_user_attr(k, twin.user_attrs[k])
-    cons = twin.user_attrs.get("constraints")
-    if spec.constraints and cons is not None:
-        for c, v in zip(spec.constraints, cons):
-            trial.set_constraint(c.key, v)
-        trial.set_user_attr("constraints", cons)
+    if twin.user_attrs.get("constraints") is not None:
+        set_constraints(trial, spec, twin.user_attrs["constraints"])
     print(f"[study] trial {trial.number}: the same params as trial {twin.number}: its values, no new fit", flush=True)
     return list(twin.values)
+
+
+def set_constraints(trial, spec: StudySpec, values: list[float]) -> None:
+    """The constraint values (<= 0 feasible) to the samplers and as user attr `constraints` (trials.csv's
+    `feasible`)."""
+    for c, v in zip(spec.constraints, values):
+        trial.set_constraint(c.key, v)
+    trial.set_user_attr("constraints", values)
+
+
+def end_pruned(trial, spec: StudySpec, msg: str, where: str = ""):
+    """Ends the trial pruned: infeasible for the samplers (no final metrics), the reason as user attr `pruned`, its
+    MLflow run (if one started) KILLED."""
+    import optuna
+
+    for c in spec.constraints:
+        trial.set_constraint(c.key, 1.0)
+    trial.set_user_attr("pruned", msg)
+    runs.mark_pruned(trial, msg)
+    print(f"[study] trial {trial.number} pruned{where}: {msg}", flush=True)
+    raise optuna.TrialPruned(msg)
 
 
 def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | None = None,
@@ -194,13 +205,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
                 summaries.append((fit_fn or _real_fit())(
                     cfg, callbacks=[pruning_callback(trial, spec.pruning, history)] if use_cb else []))
             except optuna.TrialPruned as e:
-                for c in spec.constraints:  # no final metrics: infeasible for the samplers
-                    trial.set_constraint(c.key, 1.0)
-                trial.set_user_attr("pruned", str(e))
-                runs.mark_pruned(trial, str(e))
-                print(f"[study] trial {trial.number} pruned{'' if seed is None else f' at seed {seed}'}: {e}",
-                      flush=True)
-                raise
+                end_pruned(trial, spec, str(e), "" if seed is None else f" at seed {seed}")
         run_ids = [s["mlflow_run_id"] for s in summaries if s.get("mlflow_run_id")]
         if run_ids:
             trial.set_user_attr("mlflow_run_id", ",".join(run_ids))
@@ -222,8 +227,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
                     check(c.missing == "ignore", "constraints.metric", c.metric,
                           "is not in the fit summary (set missing: ignore to treat it as satisfied)")
                 cons.append(0.0 if v is None else c.value(float(v)))
-                trial.set_constraint(c.key, cons[-1])
-            trial.set_user_attr("constraints", cons)  # for trials.csv's `feasible`
+            set_constraints(trial, spec, cons)
         values = []
         for o in spec.objectives:
             v = summary[o.metric]

@@ -163,7 +163,7 @@ def importances(spec: StudySpec, study) -> list[dict]:
     import optuna
     from optuna.importance import FanovaImportanceEvaluator
 
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and not duplicate(t)]
+    complete = distinct_complete(study.get_trials(deepcopy=False))
     if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
         return []
     distinct = optuna.create_study(directions=study.directions)  # in memory: a duplicate would weigh its point twice
@@ -182,6 +182,11 @@ def importances(spec: StudySpec, study) -> list[dict]:
 def duplicate(trial) -> bool:
     """A trial that took an earlier trial's values without a fit (the study file's `duplicates: reuse`)."""
     return trial.user_attrs.get("duplicate_of") is not None
+
+
+def distinct_complete(trials) -> list:
+    """The complete trials, each configuration once: what the importances and the Pareto plot weigh."""
+    return [t for t in trials if t.state.name == "COMPLETE" and not duplicate(t)]
 
 
 def pareto_trials(spec: StudySpec, study) -> list:
@@ -249,7 +254,7 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
         write_csv(out / "importances.csv", imp)
     from phasefix import plots
 
-    plots.save(plots.study_pareto(spec, [t for t in trials if t.state.name == "COMPLETE" and not duplicate(t)], front,
+    plots.save(plots.study_pareto(spec, distinct_complete(trials), front,
                                   baseline=confirmed_baseline(out)), out / "pareto.png")
     n = counts(study)
     if log_to_mlflow:
