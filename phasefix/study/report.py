@@ -4,6 +4,7 @@ parent run and printed as a table."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 from phasefix.errors import check
@@ -82,8 +83,11 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
     """Rebuild the finished trials of a `trials.csv` (`trial_rows`' format) in an empty study: a study continues
     from its committed report on a machine that does not have its storage. COMPLETE rows keep their objectives,
     constraints, metrics, per-seed objectives (a study with `seeds:`) and MLflow run id; PRUNED rows their params and
-    why they were pruned (infeasible, as the objective marks them); failed and running rows are left out (the sampler
-    retries their params anyway).
+    why they were pruned (infeasible, as the objective marks them); FAIL rows stay failed (their error, which trial
+    they retried). Every row is added in trial order, so the trial numbers are the table's and a report, a confirm
+    arm `t<N>` or a document quoting a trial still names the same one. A RUNNING row (its worker was stopped when
+    the report was written) comes back as an interrupted trial: running the study retries it like any interrupted
+    trial, within `storage.max_retry`.
     The params are replayed in the search space's order, so a mitigation's options appear exactly where `suggest`
     would have sampled them. Returns the number of trials added."""
     import optuna
@@ -109,12 +113,15 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
         return None if cell in (None, "") else float(cell)
 
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        rows = sorted(csv.DictReader(f), key=lambda r: int(r["trial"]))
+    check([int(r["trial"]) for r in rows] == list(range(len(rows))), str(path), None,
+          "must list trials 0..N-1 (a report's trials.csv): a gap would renumber the trials after it")
+    history: dict[int, list[int]] = {}  # failed trial -> the retries of it so far (Optuna's retry_history)
     trials = []
     for row in rows:
         state = row.get("state")
-        if state not in ("COMPLETE", "PRUNED"):
-            continue
+        check(state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"), f"{path}: trial {row['trial']}", state,
+              "is not a trial state (COMPLETE, PRUNED, FAIL, RUNNING, WAITING)")
         def cell(p, row=row):
             check(p.name in row, str(path), None, f"has no column {p.name!r} (a report of another search space?)")
             return value(p, row[p.name])
@@ -124,11 +131,24 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
         attrs = {"imported_from": f"{Path(path).name} trial {row['trial']}"}
         if row.get("mlflow_run_id"):
             attrs["mlflow_run_id"] = row["mlflow_run_id"]
-        if state == "PRUNED":
+        system = {}
+        if row.get("retry_of"):  # what RetryFailedTrialCallback wrote: the first failed trial and the chain so far
+            first = int(float(row["retry_of"]))
+            chain = history.setdefault(first, [first])
+            system = {"failed_trial": first, "retry_history": list(chain)}
+            chain.append(int(row["trial"]))
+        values, cons = None, {}
+        if state in ("RUNNING", "WAITING"):
+            attrs["interrupted"] = f"{state} in {Path(path).name}: its worker stopped before the trial ended"
+            state = "FAIL"
+        elif state == "FAIL":
+            attrs["error"] = row.get("note") or "failed"
+        elif state == "PRUNED":
             attrs["pruned"] = row.get("note") or "pruned"
             cons = {c.key: 1.0 for c in spec.constraints}
-            values = None
         else:
+            if m := re.match(r"duplicate of trial (\d+)", row.get("note") or ""):  # trial_rows' note for a twin
+                attrs["duplicate_of"] = int(m.group(1))
             values = [number(row.get(o.metric)) for o in spec.objectives]
             check(all(v is not None for v in values), f"{path}: trial {row['trial']}", None,
                   f"is COMPLETE but lacks an objective ({', '.join(spec.metric_names)})")
@@ -146,7 +166,7 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
                 attrs["constraints"] = list(cons.values())
         trials.append(optuna.trial.create_trial(
             state=TrialState[state], values=values, params=params, distributions=dists, user_attrs=attrs,
-            constraints=cons or None))
+            system_attrs=system, constraints=cons or None))
     study.add_trials(trials)
     return len(trials)
 
