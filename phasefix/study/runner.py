@@ -262,8 +262,10 @@ def open_or_import(spec: StudySpec, url: str, import_from: str | Path | None = N
             print(f"[study] {spec.name} already has trials in its storage: import_trials={import_from} ignored",
                   flush=True)
         else:
-            print(f"[study] {spec.name}: {import_trials(spec, study, import_from)} finished trials imported from "
-                  f"{import_from}", flush=True)
+            n = import_trials(spec, study, import_from)
+            done = counts(study)
+            print(f"[study] {spec.name}: {n} trials imported from {import_from} ({done['COMPLETE'] + done['PRUNED']} "
+                  "finished)", flush=True)
     return study
 
 
