@@ -119,7 +119,6 @@ def provenance() -> dict:
     """Tags that say how and where a run was made: the command line (when started from a phasefix CLI) and the
     machine (host name, CPU count, GPU), so that a table row can name its command, commit and machine."""
     import platform
-    import shlex
     import sys
 
     import torch
@@ -130,8 +129,29 @@ def provenance() -> dict:
     tags = {"machine": machine}
     script = Path(sys.argv[0]).with_suffix("").name if sys.argv and sys.argv[0] else ""
     if Path(sys.argv[0]).parent.name == "phasefix" and script not in ("", "__main__"):  # python -m phasefix.<script>
-        tags["command"] = f"python -m phasefix.{script} {shlex.join(sys.argv[1:])}".strip()[:5000]
+        tags["command"] = shell_command(script, sys.argv[1:])
     return tags
+
+
+def shell_command(script: str, args) -> str:
+    """`python -m phasefix.<script> <args>` as a shell would take it back: an override with brackets, quotes or
+    spaces in double quotes (readable: `"output_dir='/x y'"`), shlex's quoting where that is not enough."""
+    import re
+    import shlex
+
+    def word(a: str) -> str:
+        if re.fullmatch(r"[\w@%+=:,./-]+", a):
+            return a
+        return f'"{a}"' if not re.search(r'["$`\\!]', a) else shlex.quote(a)
+
+    return f"python -m phasefix.{script} {' '.join(word(a) for a in args)}".strip()[:5000]
+
+
+def command_override(overrides) -> str:
+    """The override that tags a fit started in-process (a study's trial, a confirm run) with the command that
+    reproduces it, `python -m phasefix.fit <overrides>`, as the CLI's runs are tagged (a table row names it)."""
+    cmd = shell_command("fit", overrides)
+    return '+logger.tags.command="' + cmd.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict:

@@ -224,3 +224,23 @@ def test_tracking_run_lifecycle_and_metrics_in_batches(tmp_path):
     assert [m.step for m in c.get_metric_history(ids[0], "a")] == [4]
     assert sorted((m.step, m.value) for m in c.get_metric_history(ids[0], "by_index")) == list(enumerate(curve))
     assert sorted((m.step, m.value) for m in c.get_metric_history(ids[0], "by_step")) == [(10, 1.0), (30, 3.0)]
+
+
+def test_a_recorded_command_gives_the_shell_back_the_same_overrides_and_the_tag_composes_to_it():
+    """The `command` a table row shows is copy-pasteable: shlex (a POSIX shell's word splitting) turns it back into
+    exactly the overrides, quotes, spaces, brackets and `$` included; the override that records it for an in-process
+    fit (study trial, confirm run) composes to that same string."""
+    import shlex
+
+    from phasefix.cli import compose
+
+    args = ["+experiment=lm_mix_w4s4", "eval.paddings=[prefix,in_sequence]", "output_dir='/tmp/a b'",
+            "run_name='x-t3'", 'logger.tracking_uri="sqlite:///tmp/m.db"', "+logger.tags.note='cost $5'",
+            "~logger.tags", "seed=1"]
+    cmd = tracking.shell_command("fit", args)
+    assert cmd.startswith("python -m phasefix.fit +experiment=lm_mix_w4s4 \"eval.paddings=[prefix,in_sequence]\" ")
+    assert shlex.split(cmd) == ["python", "-m", "phasefix.fit", *args]
+    fit_args = args[:5] + ["seed=1"]
+    cfg = compose([*fit_args, tracking.command_override(fit_args)])
+    assert cfg.logger.tags.command == tracking.shell_command("fit", fit_args)
+    assert shlex.split(cfg.logger.tags.command)[3:] == fit_args

@@ -498,7 +498,11 @@ def test_dashboard_serves_the_committed_trials_on_localhost_and_stops_on_ctrl_c(
 
 # ------------------------------------------------------------------------------------------------ real fits
 def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, mlflow_db, capsys):
+    import shlex
+
     from mlflow.tracking import MlflowClient
+
+    from phasefix.cli import compose
 
     from phasefix.study.__main__ import main
 
@@ -525,6 +529,11 @@ def test_smoke_study_real_fits_pareto_files_mlflow_pruning_and_resume(tmp_path, 
         assert child.data.tags["mlflow.parentRunId"] == parent_id
         assert child.data.tags["study"] == "smoke" and child.data.tags["trial"] == str(t.number)
         assert child.info.status == "FINISHED" and child.info.experiment_id == parent.info.experiment_id
+        args = shlex.split(child.data.tags["command"])  # a trial's table row names the fit that redoes it
+        again = compose(args[3:])
+        assert args[:3] == ["python", "-m", "phasefix.fit"] and again.logger.parent_run_id == parent_id
+        assert again.output_dir == child.data.tags["output_dir"] and again.logger.tags.trial == str(t.number)
+        assert again.optim.lr == pytest.approx(float(child.data.params["optim.lr"]), rel=1e-12)
         assert t.user_attrs["val_history"][0]["step"] == 6  # the pruner saw the validation
         assert t.values == pytest.approx([t.user_attrs["metrics"]["final/prefix/acc_mean"],
                                           t.user_attrs["metrics"]["final/prefix/acc_worst"]])
@@ -548,7 +557,11 @@ def test_confirm_reruns_the_best_trial_and_the_baseline_on_fresh_seeds_and_conti
     """confirm=1 after a study: real fits of the best trial and of the baseline on seeds 1 and 2 (tagged regime, arm,
     seed; the trial's lr; the baseline without mitigation), the decisive table over them, and a rerun that has
     nothing left to do. The study's own trials (seed 0) use the cheap objective."""
+    import shlex
+
     from mlflow.tracking import MlflowClient
+
+    from phasefix.cli import compose
 
     from phasefix.study import run_study
     from phasefix.study.__main__ import main
@@ -573,6 +586,8 @@ def test_confirm_reruns_the_best_trial_and_the_baseline_on_fresh_seeds_and_conti
     for r in runs:
         assert r.info.status == "FINISHED" and r.data.tags["regime"] == "confirmed"
         assert "mlflow.parentRunId" not in r.data.tags  # outside the study
+        again = compose(shlex.split(r.data.tags["command"])[3:])  # its table row names the fit that redoes it
+        assert again.seed == int(r.data.tags["seed"]) and again.logger.tags.arm == r.data.tags["arm"]
         if r.data.tags["arm"] == "baseline":
             assert float(r.data.params["optim.lr"]) == 0.004 and r.data.tags["mitigations"] == "none"
         else:

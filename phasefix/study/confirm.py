@@ -88,15 +88,18 @@ def plan(spec: StudySpec, study, k: int, experiment: str, tracking_uri: str) -> 
 
 def fit_overrides(spec: StudySpec, job: dict, experiment: str, tracking_uri: str, threads: int | None) -> list[str]:
     """The fit overrides of one planned run."""
+    from phasefix import tracking
+
     thread = [f"trainer.num_threads={threads}"] if threads else []
     if job["action"] == "resume":
         return [f"resume='{job['output_dir']}'", *thread]  # the directory: its run.json names the run's store
     out = spec.outputs() / f"confirm-{job['arm']}-s{job['seed']}-{datetime.now():%Y%m%d-%H%M%S}"
     trial = [f"+logger.tags.trial='{job['trial']}'"] if job["trial"] is not None else []
-    return [*spec.base, *job["overrides"], f"seed={job['seed']}", *thread, f"output_dir='{out}'",
-            f"run_name='{spec.name}-confirm-{job['arm']}-s{job['seed']}'", f"logger.experiment_name='{experiment}'",
-            f"logger.tracking_uri='{tracking_uri}'", f"+logger.tags.regime='{spec.name}'",
-            f"+logger.tags.arm='{job['arm']}'", f"+logger.tags.study_confirm='{spec.name}'", *trial]
+    ovs = [*spec.base, *job["overrides"], f"seed={job['seed']}", *thread, f"output_dir='{out}'",
+           f"run_name='{spec.name}-confirm-{job['arm']}-s{job['seed']}'", f"logger.experiment_name='{experiment}'",
+           f"logger.tracking_uri='{tracking_uri}'", f"+logger.tags.regime='{spec.name}'",
+           f"+logger.tags.arm='{job['arm']}'", f"+logger.tags.study_confirm='{spec.name}'", *trial]
+    return [*ovs, tracking.command_override(ovs)]  # the table row names how to redo the run
 
 
 def fit_job(overrides: list[str]) -> tuple[str | None, str | None]:

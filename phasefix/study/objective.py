@@ -152,6 +152,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             raise
 
     def run_trial(trial):
+        from phasefix import tracking
         from phasefix.fit import compose
 
         for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics",
@@ -187,6 +188,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             one = ([f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}'"] if seed is None else
                    [f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'", f"seed={seed}"])
             overrides = list(spec.base) + ovs + extra + one
+            overrides.append(tracking.command_override(overrides))  # the table row names how to redo the run
             before = prior_dirs.get(str(seed))
             if before is not None and (before / "checkpoints" / "last.ckpt").exists():
                 # the run's identity (overrides, tags, parent) is in its stored config: only the threads may change
