@@ -609,6 +609,46 @@ def test_confirm_reruns_the_best_trial_and_the_baseline_on_fresh_seeds_and_conti
         run_confirm(path, 1)
 
 
+def sleepy_job(call):
+    """A confirm job for run_jobs: writes its pid, then sleeps `seconds`, or dies at once without a result."""
+    d, seconds, crash = call
+    (Path(d) / str(os.getpid())).write_text("")
+    if crash:
+        os._exit(3)
+    time.sleep(seconds)
+    return f"ran {seconds}", None
+
+
+def test_confirm_jobs_run_in_their_own_processes_and_sigterm_stops_them_all(tmp_path):
+    """run_jobs: results in call order, a process that dies leaves an error, not a hang; SIGTERM to the confirm
+    process ends every running job and starts no new one (a process pool would catch the fit's SystemExit and go on
+    to the next run, which is how a stopped confirm once kept training)."""
+    import sys
+
+    from phasefix.study.confirm import run_jobs
+
+    res = run_jobs(sleepy_job, [(tmp_path, 0, False), (tmp_path, 0, True), (tmp_path, 0.2, False)], 2)
+    assert res[0] == ("ran 0", None) and res[2] == ("ran 0.2", None)
+    assert res[1][0] is None and "code 3" in res[1][1]
+
+    d = tmp_path / "slow"
+    d.mkdir()
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from test_study import sleepy_job; "
+            f"from phasefix.study.confirm import run_jobs; run_jobs(sleepy_job, [({str(d)!r}, 300, False)] * 3, 2)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(list(d.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    children = [int(p.name) for p in d.iterdir()]
+    assert len(children) == 2
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) != 0 and "KeyboardInterrupt" in parent.stderr.read()
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # gone (and reaped by the confirm process before it exited)
+    assert len(list(d.iterdir())) == 2  # the third run never started
+
+
 # ------------------------------------------------------------------------------------------------ workers
 def test_two_workers_on_one_storage_finish_distinct_trials(tmp_path, mlflow_db):
     from phasefix.study import run_study

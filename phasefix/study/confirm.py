@@ -15,9 +15,11 @@ optimistically biased (it is the maximum over many noisy trials), so a claim res
 """
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import threading
 from datetime import datetime
 from multiprocessing import get_context
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, markdown
@@ -112,6 +114,55 @@ def fit_job(overrides: list[str]) -> tuple[str | None, str | None]:
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
+def _job_process(fit_fn, i: int, call, results) -> None:
+    results.put((i, fit_fn(call)))
+
+
+def run_jobs(fit_fn, calls: list, workers: int) -> list:
+    """fit_fn(call) for every call, each in a fresh spawned process, `workers` at a time; the results in call order
+    (a process that died without one: (None, why)). Ctrl-C or SIGTERM to this process stops every running fit the
+    way a fit stops on its own (SIGTERM: `last.ckpt` saved, its MLflow run KILLED, so the next `confirm` resumes it)
+    and raises KeyboardInterrupt. A pool would not do: its workers catch the fit's SystemExit and start the next run."""
+    ctx = get_context("spawn")
+    queue = ctx.SimpleQueue()
+    results: list = [None] * len(calls)
+    pending, running = list(range(len(calls))), {}
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                i = pending.pop(0)
+                running[i] = ctx.Process(target=_job_process, args=(fit_fn, i, calls[i], queue), name=f"confirm-{i}")
+                running[i].start()
+            wait([p.sentinel for p in running.values()])
+            while not queue.empty():
+                i, result = queue.get()
+                results[i] = result
+            for i, p in list(running.items()):
+                if not p.is_alive():
+                    p.join()
+                    del running[i]
+                    if results[i] is None:
+                        results[i] = (None, f"its process ended with code {p.exitcode} and no result")
+    except KeyboardInterrupt:
+        for p in running.values():
+            p.terminate()  # SIGTERM: Lightning stops the fit at the next step, which saves and ends its run
+        for p in running.values():
+            p.join(timeout=120)
+            if p.is_alive():
+                p.kill()
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    return results
+
+
 def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | None = None,
             tracking_uri: str | None = None, fit_fn=fit_job) -> dict:
     """Run what `plan` leaves to do (`workers` fits at a time, one thread each when workers > 1), then write the
@@ -134,8 +185,7 @@ def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | 
     errors = []
     calls = [fit_overrides(spec, j, experiment, uri, threads) for j in todo]
     if workers > 1 and len(calls) > 1:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            results = list(pool.map(fit_fn, calls))
+        results = run_jobs(fit_fn, calls, workers)
     else:
         results = [fit_fn(call) for call in calls]
     for job, (run_id, err) in zip(todo, results):
