@@ -373,8 +373,9 @@ def test_a_study_continues_on_a_new_storage_from_its_trials_csv(tmp_path, mlflow
     rows[-1]["state"], rows[-1]["note"] = "PRUNED", "val/prefix/acc_mean=0.01 < 0.1 at step 6"
     # rows 4-6 as a report can hold them: a failed trial, its twin's values, and one still running (stopped)
     rows.append({**rows[0], "trial": "4", "state": "FAIL", "note": "RuntimeError: boom"})
-    rows.append({**rows[1], "trial": "5", "note": "duplicate of trial 1 (its values, no fit)"})
-    rows.append({**rows[2], "trial": "6", "state": "RUNNING", "retry_of": "4", "note": "",
+    rows.append({**rows[0], "trial": "5", "state": "FAIL", "note": ""})  # a stale trial's row: no error
+    rows.append({**rows[1], "trial": "6", "note": "duplicate of trial 1 (its values, no fit)"})
+    rows.append({**rows[2], "trial": "7", "state": "RUNNING", "retry_of": "4", "note": "",
                  "lr": str(float(rows[2]["lr"]) * 1.1)})  # params of its own: the retry trains
     edited = tmp_path / "trials.csv"
     with open(edited, "w", newline="") as f:
@@ -388,16 +389,17 @@ def test_a_study_continues_on_a_new_storage_from_its_trials_csv(tmp_path, mlflow
     assert res["rc"] == 0 and res["counts"]["COMPLETE"] == 5 and res["counts"]["PRUNED"] == 1
     _, moved = load(path, fresh)
     # the table's numbers and states: a report, a confirm arm t<N>, the docs still name the same trials
-    assert [(t.number, t.state.name) for t in moved.trials[:7]] == [
-        (0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE"), (3, "PRUNED"), (4, "FAIL"), (5, "COMPLETE"), (6, "FAIL")]
-    assert moved.trials[4].user_attrs["error"] == "RuntimeError: boom"
-    assert moved.trials[5].user_attrs["duplicate_of"] == 1 and moved.trials[5].values == moved.trials[1].values
-    # the stopped trial 6 (a retry of 4) is interrupted: it was retried as Optuna retries, the chain kept
-    assert moved.trials[6].user_attrs["interrupted"] and moved.trials[6].system_attrs["retry_history"] == [4]
-    retry = moved.trials[7]
-    assert retry.params == moved.trials[6].params and retry.system_attrs["failed_trial"] == 4
-    assert retry.system_attrs["retry_history"] == [4, 6] and retry.state.name == "COMPLETE"
-    assert "duplicate_of" not in retry.user_attrs and len(moved.trials) == 8
+    assert [(t.number, t.state.name) for t in moved.trials[:8]] == [
+        (0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE"), (3, "PRUNED"), (4, "FAIL"), (5, "FAIL"), (6, "COMPLETE"),
+        (7, "FAIL")]
+    assert moved.trials[4].user_attrs["error"] == "RuntimeError: boom" and "error" not in moved.trials[5].user_attrs
+    assert moved.trials[6].user_attrs["duplicate_of"] == 1 and moved.trials[6].values == moved.trials[1].values
+    # the stopped trial 7 (a retry of 4) is interrupted: it was retried as Optuna retries, the chain kept
+    assert moved.trials[7].user_attrs["interrupted"] and moved.trials[7].system_attrs["retry_history"] == [4]
+    retry = moved.trials[8]
+    assert retry.params == moved.trials[7].params and retry.system_attrs["failed_trial"] == 4
+    assert retry.system_attrs["retry_history"] == [4, 7] and retry.state.name == "COMPLETE"
+    assert "duplicate_of" not in retry.user_attrs and len(moved.trials) == 9
     for a, b in zip(original.trials, moved.trials):
         assert b.params == pytest.approx(a.params, rel=1e-5)
         assert b.distributions == a.distributions
@@ -413,7 +415,7 @@ def test_a_study_continues_on_a_new_storage_from_its_trials_csv(tmp_path, mlflow
     # rerunning the same command continues the study and no longer imports
     res = run_study(path, n_trials=10, storage=fresh, fit_fn=fake, import_from=edited)
     after = load(path, fresh)[1].trials
-    assert res["counts"]["COMPLETE"] + res["counts"]["PRUNED"] == 10 and len(after) == 12
+    assert res["counts"]["COMPLETE"] + res["counts"]["PRUNED"] == 10 and len(after) == 13
     # which parameters matter: the fake's mean depends on lr alone
     imp = [r for r in res["importances"] if r["objective"] == "final/prefix/acc_mean"]
     assert imp[0]["param"] == "lr" and imp[0]["importance"] > 0.5

@@ -141,8 +141,9 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
         if state in ("RUNNING", "WAITING"):
             attrs["interrupted"] = f"{state} in {Path(path).name}: its worker stopped before the trial ended"
             state = "FAIL"
-        elif state == "FAIL" and row.get("note"):
-            attrs["error"] = row["note"]
+        elif state == "FAIL":
+            if row.get("note"):
+                attrs["error"] = row["note"]
         elif state == "PRUNED":
             attrs["pruned"] = row.get("note") or "pruned"
             cons = {c.key: 1.0 for c in spec.constraints}
