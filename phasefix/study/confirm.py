@@ -15,8 +15,6 @@ optimistically biased (it is the maximum over many noisy trials), so a claim res
 """
 from __future__ import annotations
 
-import signal
-import threading
 from datetime import datetime
 from multiprocessing import get_context
 from multiprocessing.connection import wait
@@ -121,45 +119,35 @@ def _job_process(fit_fn, i: int, call, results) -> None:
 def run_jobs(fit_fn, calls: list, workers: int) -> list:
     """fit_fn(call) for every call, each in a fresh spawned process, `workers` at a time; the results in call order
     (a process that died without one: (None, why)). Ctrl-C or SIGTERM to this process stops every running fit the
-    way a fit stops on its own (SIGTERM: `last.ckpt` saved, its MLflow run KILLED, so the next `confirm` resumes it)
-    and raises KeyboardInterrupt. A pool would not do: its workers catch the fit's SystemExit and start the next run."""
+    way Ctrl-C stops a fit (`last.ckpt` saved, its MLflow run KILLED, so the next `confirm` resumes it) and raises
+    KeyboardInterrupt. A pool would not do: its workers catch the fit's SystemExit and start the next run."""
+    from phasefix.study.runner import sigterm_as_interrupt, stop_processes
+
     ctx = get_context("spawn")
     queue = ctx.SimpleQueue()
     results: list = [None] * len(calls)
     pending, running = list(range(len(calls))), {}
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    main = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
-    previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
-        while pending or running:
-            while pending and len(running) < workers:
-                i = pending.pop(0)
-                running[i] = ctx.Process(target=_job_process, args=(fit_fn, i, calls[i], queue), name=f"confirm-{i}")
-                running[i].start()
-            wait([p.sentinel for p in running.values()])
-            while not queue.empty():
-                i, result = queue.get()
-                results[i] = result
-            for i, p in list(running.items()):
-                if not p.is_alive():
-                    p.join()
-                    del running[i]
-                    if results[i] is None:
-                        results[i] = (None, f"its process ended with code {p.exitcode} and no result")
+        with sigterm_as_interrupt():
+            while pending or running:
+                while pending and len(running) < workers:
+                    i = pending.pop(0)
+                    running[i] = ctx.Process(target=_job_process, args=(fit_fn, i, calls[i], queue),
+                                             name=f"confirm-{i}")
+                    running[i].start()
+                wait([p.sentinel for p in running.values()])
+                while not queue.empty():
+                    i, result = queue.get()
+                    results[i] = result
+                for i, p in list(running.items()):
+                    if not p.is_alive():
+                        p.join()
+                        del running[i]
+                        if results[i] is None:
+                            results[i] = (None, f"its process ended with code {p.exitcode} and no result")
     except KeyboardInterrupt:
-        for p in running.values():
-            p.terminate()  # SIGTERM: Lightning stops the fit at the next step, which saves and ends its run
-        for p in running.values():
-            p.join(timeout=120)
-            if p.is_alive():
-                p.kill()
+        stop_processes(running.values())
         raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
     return results
 
 

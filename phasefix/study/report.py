@@ -43,6 +43,9 @@ def seed_column(metric: str, seed) -> str:
     return f"{metric}@s{seed}"
 
 
+DUPLICATE_NOTE = "duplicate of trial {} (its values, no fit)"  # trials.csv's note for a twin; import reads it back
+
+
 def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
     """One CSV row per trial: objectives, other metrics, feasibility, params, MLflow run, retry and why it ended."""
     params = [p.name for p in spec.params]
@@ -73,7 +76,7 @@ def trial_rows(spec: StudySpec, study, trials) -> list[dict]:
         row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id")
         row["retry_of"] = t.system_attrs.get("failed_trial")
         twin = t.user_attrs.get("duplicate_of")
-        row["note"] = ((f"duplicate of trial {twin} (its values, no fit)" if twin is not None and t.values else None)
+        row["note"] = ((DUPLICATE_NOTE.format(twin) if twin is not None and t.values else None)
                        or t.user_attrs.get("pruned") or t.user_attrs.get("error"))
         rows.append(row)
     return rows
@@ -148,7 +151,7 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
             attrs["pruned"] = row.get("note") or "pruned"
             cons = {c.key: 1.0 for c in spec.constraints}
         else:
-            if m := re.match(r"duplicate of trial (\d+)", row.get("note") or ""):  # trial_rows' note for a twin
+            if m := re.match(re.escape(DUPLICATE_NOTE.split("{}")[0]) + r"(\d+)", row.get("note") or ""):
                 attrs["duplicate_of"] = int(m.group(1))
             values = [number(row.get(o.metric)) for o in spec.objectives]
             check(all(v is not None for v in values), f"{path}: trial {row['trial']}", None,

@@ -2,10 +2,12 @@
 (Optuna's `MaxTrialsCallback`), `workers=K` processes on this machine, and `run_study` (the CLI's work)."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -210,6 +212,37 @@ def _worker_process(spec: StudySpec, url: str, n_trials: int, worker: int, threa
     sys.exit(run_worker(spec, url, n_trials, worker=worker, threads=threads, fit_fn=fit_fn))
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside: SIGTERM to this process raises KeyboardInterrupt, as Ctrl-C does, so that the code that stops its
+    child processes runs for both (Python's default for SIGTERM ends the parent and leaves the children running).
+    Only the main thread may set a handler; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_processes(procs, timeout: float = 120) -> None:
+    """Ctrl-C for child processes: SIGINT to each live one (a fit saves `last.ckpt` and ends its MLflow run KILLED;
+    a study marks the trial interrupted, to be retried), then wait; what is left after `timeout` is killed."""
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGINT)
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+
+
 def spawn_workers(spec: StudySpec, url: str, n_trials: int, k: int, fit_fn: FitFn | None = None) -> int:
     """K worker processes on this machine, one log file each beside the study's reports. Fresh interpreters
     (spawn: no forked torch threads or database connections); `fit_fn` must be picklable (a module function)."""
@@ -224,21 +257,16 @@ def spawn_workers(spec: StudySpec, url: str, n_trials: int, k: int, fit_fn: FitF
     print(f"[study] {k} workers ({threads} threads each), logs: {logs}/worker*.log", flush=True)
     rc = 0
     try:
-        for w, p in enumerate(procs):
-            p.join()
-            code = p.exitcode
-            if code != 0:
-                reason = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                print(f"[study] worker {w} ended with {reason} (see {logs}/worker{w}.log)", file=sys.stderr)
-                rc = rc or (code if code > 0 else 1)
+        with sigterm_as_interrupt():
+            for w, p in enumerate(procs):
+                p.join()
+                code = p.exitcode
+                if code != 0:
+                    reason = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                    print(f"[study] worker {w} ended with {reason} (see {logs}/worker{w}.log)", file=sys.stderr)
+                    rc = rc or (code if code > 0 else 1)
     except KeyboardInterrupt:
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGINT)
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+        stop_processes(procs, timeout=30)
         raise
     return rc
 
