@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from phasefix import config as C
 from phasefix import tracking
 from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
-from phasefix.data.select import data_config, eval_set, eval_task_kwargs, train_set
+from phasefix.data.select import data_config, eval_set, eval_task_kwargs, train_set, train_stages
 from phasefix.errors import ConfigError, check
 
 
@@ -164,7 +164,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     t_start = time.time()
 
     # data first: a broken data config must not leave a half-written run behind
-    train_data = train_set(data_cfg, "train", cfg.seed).with_format("torch")
+    train_data = [(from_step, ds.with_format("torch")) for from_step, ds in train_stages(data_cfg, cfg.seed)]
     val_sets = {pad: eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.val_per_residue, cfg.eval.seed + 1)
                 for pad in cfg.eval.paddings}
 

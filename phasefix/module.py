@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
@@ -12,7 +12,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from phasefix.metrics import PhaseAccuracy
 from phasefix.mitigations import build_mitigations
@@ -161,11 +161,15 @@ def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weig
 
 class StepBatchSampler(Sampler):
     """Batch indices as a pure function of (seed, step, rank): a resumed run sees exactly the batches an
-    uninterrupted run would have seen from its step on."""
+    uninterrupted run would have seen from its step on. `stages` [(from_step, size), ...] splits the indices into
+    consecutive sets (a ConcatDataset's): each step draws from the last set whose from_step it has reached."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, start_step, max_steps: int, rank: int = 0):
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+    def __init__(self, n: int, batch_size: int, seed: int, start_step, max_steps: int, rank: int = 0,
+                 stages: Sequence[tuple[int, int]] | None = None):
+        self.batch_size, self.seed = batch_size, seed
         self.start_step, self.max_steps, self.rank = start_step, max_steps, rank
+        self.stages = list(stages) if stages is not None else [(0, n)]
+        assert sum(size for _, size in self.stages) == n and self.stages[0][0] == 0, (n, self.stages)
 
     def _start(self) -> int:
         # read when iteration begins: Lightning restores the step counter after building the dataloader
@@ -174,19 +178,30 @@ class StepBatchSampler(Sampler):
     def __len__(self):
         return max(0, self.max_steps - self._start())
 
+    def _stage(self, step: int) -> tuple[int, int]:
+        """(first index, size) of the set this step draws from."""
+        offset, current = 0, (0, 0)
+        for from_step, size in self.stages:
+            if from_step > step:
+                break
+            current, offset = (offset, size), offset + size
+        return current
+
     def __iter__(self):
         for step in range(self._start(), self.max_steps):
+            first, size = self._stage(step)
             rng = np.random.default_rng([self.seed, step, self.rank])
-            yield rng.choice(self.n, size=min(self.batch_size, self.n), replace=False).tolist()
+            yield (first + rng.choice(size, size=min(self.batch_size, size), replace=False)).tolist()
 
 
 class RetrievalDataModule(L.LightningDataModule):
-    """Training stream of the controlled retrieval task and the phase-controlled validation prompts."""
+    """Training stream of the controlled retrieval task and the phase-controlled validation prompts. `train_stages`
+    [(from_step, dataset), ...]: the sets training draws from, each from its step on (data.in_sequence_from_step)."""
 
-    def __init__(self, train_set, val_sets: Mapping, batch_size: int, eval_batch_size: int, seed: int,
-                 max_steps: int):
+    def __init__(self, train_stages: Sequence[tuple[int, Dataset]], val_sets: Mapping, batch_size: int,
+                 eval_batch_size: int, seed: int, max_steps: int):
         super().__init__()
-        self.train_set, self.val_sets = train_set, dict(val_sets)
+        self.train_stages, self.val_sets = list(train_stages), dict(val_sets)
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.seed, self.max_steps = seed, max_steps
 
@@ -194,8 +209,11 @@ class RetrievalDataModule(L.LightningDataModule):
         trainer = self.trainer
         start = (lambda: trainer.global_step) if trainer is not None else 0
         rank = trainer.global_rank if trainer is not None else 0
-        sampler = StepBatchSampler(len(self.train_set), self.batch_size, self.seed, start, self.max_steps, rank)
-        return DataLoader(self.train_set, batch_sampler=sampler, num_workers=0)
+        sets = [ds for _, ds in self.train_stages]
+        stages = [(from_step, len(ds)) for from_step, ds in self.train_stages]
+        sampler = StepBatchSampler(sum(n for _, n in stages), self.batch_size, self.seed, start, self.max_steps,
+                                   rank, stages)
+        return DataLoader(sets[0] if len(sets) == 1 else ConcatDataset(sets), batch_sampler=sampler, num_workers=0)
 
     def val_dataloader(self):
         return [DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False) for ds in self.val_sets.values()]

@@ -66,10 +66,7 @@ def test_train_phases_are_uniform_and_both_paddings_occur(tmp_path):
     counts = np.bincount(first_key % 24, minlength=24)
     assert counts.min() > 0.7 * 4800 / 24 and counts.max() < 1.3 * 4800 / 24
     # In-sequence padding: some sequences have filler between records, others none.
-    keys = vocab.is_key(ids[:, :1 + cfg.max_prefix_pad + 2 * cfg.num_records])
-    span = cfg.num_records * 2 - 1
-    record_block = np.array([np.flatnonzero(row)[cfg.num_records - 1] - np.flatnonzero(row)[0] for row in keys])
-    spread = (record_block > span - 1).mean()
+    spread = 1 - _records_in_lockstep(ids, cfg).mean()
     assert 0.35 < spread < 0.65  # in_sequence_prob = 0.5 (a few spread draws put all filler at the end)
 
 
@@ -88,11 +85,49 @@ def test_train_determinism_cache_and_splits(tmp_path):
 @pytest.mark.parametrize("field,value,key", [
     ("num_records", 0, "data.num_records"), ("num_demos", 17, "data.num_demos"), ("num_keys", 8, "data.num_keys"),
     ("in_sequence_prob", 1.5, "data.in_sequence_prob"), ("seq_len", 10, "data.seq_len"),
-    ("max_prefix_pad", -1, "data.max_prefix_pad"),
+    ("max_prefix_pad", -1, "data.max_prefix_pad"), ("in_sequence_from_step", -1, "data.in_sequence_from_step"),
 ])
 def test_train_config_errors_name_the_key(field, value, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         RetrievalConfig(**{field: value})
+
+
+def test_in_sequence_curriculum_needs_in_sequence_records():
+    with pytest.raises(ConfigError, match=r"data\.in_sequence_from_step=100 .*in_sequence_prob=0"):
+        RetrievalConfig(in_sequence_prob=0.0, in_sequence_from_step=100)
+
+
+def _records_in_lockstep(ids: np.ndarray, cfg: RetrievalConfig) -> np.ndarray:
+    """Per row: the records sit back to back (no filler between them), read from the tokens."""
+    keys = cfg.vocab.is_key(ids[:, :1 + cfg.max_prefix_pad + 2 * cfg.num_records])
+    first_last = np.array([(np.flatnonzero(row)[0], np.flatnonzero(row)[cfg.num_records - 1]) for row in keys])
+    return first_last[:, 1] - first_last[:, 0] == 2 * (cfg.num_records - 1)
+
+
+def test_in_sequence_curriculum_trains_on_dense_records_until_its_step(tmp_path, monkeypatch):
+    """data.in_sequence_from_step=4: the batches of steps 0-3 hold only sequences whose records sit back to back,
+    later ones the configured mix; a sampler resumed at step 3 yields the uninterrupted run's batches."""
+    from phasefix.data.select import train_stages
+    from phasefix.module import RetrievalDataModule, StepBatchSampler
+
+    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path))
+    cfg = RetrievalConfig(num_train=300, num_val=10, in_sequence_prob=1.0, in_sequence_from_step=4)
+    stages = [(step, ds.with_format("torch")) for step, ds in train_stages(cfg, seed=0)]
+    assert [step for step, _ in stages] == [0, 4]
+    data = RetrievalDataModule(stages, {}, batch_size=32, eval_batch_size=8, seed=0, max_steps=8)
+    batches = [b["input_ids"].numpy() for b in data.train_dataloader()]
+    assert len(batches) == 8
+    for step, ids in enumerate(batches):
+        lockstep = _records_in_lockstep(ids, cfg)
+        assert lockstep.all() if step < 4 else lockstep.mean() < 0.5, step  # prob 1: almost every row spread
+
+    sampler = StepBatchSampler(600, 32, 0, 0, 8, stages=[(0, 300), (4, 300)])
+    drawn = list(sampler)
+    assert all(max(b) < 300 for b in drawn[:4]) and all(min(b) >= 300 for b in drawn[4:])
+    assert list(StepBatchSampler(600, 32, 0, 3, 8, stages=[(0, 300), (4, 300)])) == drawn[3:]
+    # one set (no curriculum): the draws of the sampler before stages existed, step by step
+    single = list(StepBatchSampler(300, 32, 0, 0, 3))
+    assert single == [np.random.default_rng([0, s, 0]).choice(300, size=32, replace=False).tolist() for s in range(3)]
 
 
 def test_train_split_error(tmp_path):

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset
 
-from phasefix.data.retrieval import (SPLITS, RetrievalConfig, arrays_to_dataset, build_train_arrays,
+from phasefix.data.retrieval import (SCHEDULE_KEYS, SPLITS, RetrievalConfig, arrays_to_dataset, build_train_arrays,
                                      cached_dataset)
 from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import check, check_choice
@@ -118,7 +118,7 @@ def make_lm_mix_dataset(cfg: LMMixConfig, split: str = "train", seed: int | None
     # The corpus's identity (names, sizes, times) keys the cache, so edited files are never served stale.
     corpus_id = hashlib.sha1(repr([(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
                                    for p in files]).encode()).hexdigest()
-    data = {k: v for k, v in asdict(cfg).items() if k not in TEXT_LOSS_KEYS}
+    data = {k: v for k, v in asdict(cfg).items() if k not in TEXT_LOSS_KEYS + SCHEDULE_KEYS}
     params = {**data, "corpus": str(root), "corpus_id": corpus_id, "split": split, "seed": seed}
     return cached_dataset("lm_mix", params, lambda: arrays_to_dataset(_build(cfg, split, seed)), cache_dir)
 

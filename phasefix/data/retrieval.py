@@ -11,7 +11,9 @@ The prefix p is uniform on 0..max_prefix_pad (default 71 = 3 * 24 - 1, so p mod 
 modulo every stride dividing 24, is exactly uniform; and 71 covers the filler of the default phase evaluation for 16
 records, whose max_pad is 65). With probability ``in_sequence_prob`` the remaining filler is spread over the gaps
 after each record (multinomially) instead of sitting in one block after the last record, so the model also sees
-records that do not move in lockstep.
+records that do not move in lockstep. ``in_sequence_from_step`` > 0 is a curriculum: training draws only dense
+sequences (a set generated with ``in_sequence_prob`` = 0) before that step and the configured mix from it on, so a
+model can learn the lookup on records in lockstep before it sees them spread (``phasefix.data.select.train_stages``).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ from phasefix.errors import check, check_choice
 # Bump when the generator changes, so stale caches are never reused.
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
+# When training switches to in-sequence records: a schedule over the data, not part of the data's cache key
+SCHEDULE_KEYS = ("in_sequence_from_step",)
 
 
 @dataclass
@@ -46,6 +50,7 @@ class RetrievalConfig:
     num_filler: int = 16
     max_prefix_pad: int = 71
     in_sequence_prob: float = 0.5
+    in_sequence_from_step: int = 0  # > 0: dense sequences only before this training step (a curriculum)
     seq_len: int | None = None  # None: the minimum, 1 + max_prefix_pad + 2 * (num_records + num_demos)
     num_train: int = 100_000
     num_val: int = 2_000
@@ -63,6 +68,10 @@ class RetrievalConfig:
               self.max_prefix_pad, "must be an integer >= 0")
         check(0.0 <= self.in_sequence_prob <= 1.0, "data.in_sequence_prob", self.in_sequence_prob,
               "must be in [0, 1]")
+        check(isinstance(self.in_sequence_from_step, int) and self.in_sequence_from_step >= 0,
+              "data.in_sequence_from_step", self.in_sequence_from_step, "must be an integer >= 0")
+        check(self.in_sequence_from_step == 0 or self.in_sequence_prob > 0, "data.in_sequence_from_step",
+              self.in_sequence_from_step, "must be 0 when data.in_sequence_prob=0 (nothing to switch to)")
         check(self.seq_len is None or self.seq_len >= self.min_seq_len, "data.seq_len", self.seq_len,
               f"must be >= {self.min_seq_len} (1 + max_prefix_pad + 2 * (num_records + num_demos)) or null")
 
@@ -118,7 +127,8 @@ def make_train_dataset(cfg: RetrievalConfig, split: str = "train", seed: int | N
     n = cfg.num_train if split == "train" else cfg.num_val
     # Train and val draw from independent streams of the same seed.
     rng = np.random.default_rng([seed, SPLITS.index(split)])
-    return cached_dataset("retrieval", {**asdict(cfg), "split": split, "seed": seed},
+    params = {k: v for k, v in asdict(cfg).items() if k not in SCHEDULE_KEYS}
+    return cached_dataset("retrieval", {**params, "split": split, "seed": seed},
                           lambda: arrays_to_dataset(dict(zip(("input_ids", "labels"), build_train_arrays(cfg, n, rng)))),
                           cache_dir)
 

@@ -32,6 +32,15 @@ def train_set(data_cfg, split: str, seed: int):
     return make_train_dataset(data_cfg, split=split, seed=seed)
 
 
+def train_stages(data_cfg, seed: int) -> list[tuple[int, object]]:
+    """The training sets in the order training draws from them, each with the step it starts at: one set, or with
+    `data.in_sequence_from_step` > 0 dense sequences only (in_sequence_prob 0) before that step, then the mix."""
+    if data_cfg.in_sequence_from_step == 0:
+        return [(0, train_set(data_cfg, "train", seed))]
+    dense = dataclasses.replace(data_cfg, in_sequence_prob=0.0, in_sequence_from_step=0)
+    return [(0, train_set(dense, "train", seed)), (data_cfg.in_sequence_from_step, train_set(data_cfg, "train", seed))]
+
+
 def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *, task: str = "kv_lookup",
              task_kwargs: dict | None = None, text: bool = True):
     """The phase-controlled prompts (torch format) for the task the model was trained on (`task_kwargs`: default
