@@ -130,6 +130,23 @@ def test_in_sequence_curriculum_trains_on_dense_records_until_its_step(tmp_path,
     assert single == [np.random.default_rng([0, s, 0]).choice(300, size=32, replace=False).tolist() for s in range(3)]
 
 
+def test_phase_eval_of_a_trained_task_cannot_be_answered_by_elimination():
+    """The target is never demonstrated, so with R - 1 demonstrations it would be the one record not re-asked. The
+    evaluation of a run's task leaves at least half the records undemonstrated, the target among them (read from the
+    tokens: record keys before the demonstrations, demonstrated keys after)."""
+    from phasefix.data.select import eval_set
+
+    cfg = RetrievalConfig()  # 16 records, trained with 15 demonstrations
+    ds = eval_set(cfg, "prefix", period=24, per_residue=2, seed=0)
+    vocab = cfg.vocab
+    for ids in np.array(ds["input_ids"]):
+        query_key = ids[-1]
+        keys_at = np.flatnonzero(vocab.is_key(ids[:-1]))
+        record_keys, demo_keys = ids[keys_at[:cfg.num_records]], ids[keys_at[cfg.num_records:]]
+        undemonstrated = set(record_keys) - set(demo_keys)
+        assert len(undemonstrated) >= cfg.num_records // 2 and query_key in undemonstrated
+
+
 def test_train_split_error(tmp_path):
     with pytest.raises(ConfigError, match="data.split"):
         make_train_dataset(RetrievalConfig(num_train=5, num_val=5), "test", cache_dir=tmp_path)

@@ -55,6 +55,9 @@ def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *
 
 def eval_task_kwargs(data_cfg) -> dict:
     """`make_phase_eval` options that evaluate the task the model was trained on (sizes, vocabulary, filler)."""
-    return dict(num_records=data_cfg.num_records, num_demos=min(data_cfg.num_demos, data_cfg.num_records - 1),
+    # At most half the records are demonstrated: the target is never demonstrated, so with R - 1 demonstrations a
+    # model could answer by elimination (the one record not re-asked) without reading the query key; with <= R/2 that
+    # route scores at most 2/R (below the `learned` line, 5 / num_values, for every regime here).
+    return dict(num_records=data_cfg.num_records, num_demos=min(data_cfg.num_demos, data_cfg.num_records // 2),
                 num_keys=data_cfg.num_keys, num_values=data_cfg.num_values, num_filler=data_cfg.num_filler,
                 max_pad=data_cfg.max_prefix_pad)
