@@ -162,14 +162,13 @@ def next_token_loss(logits, labels, text_label_start: int | None = None, lm_weig
 class StepBatchSampler(Sampler):
     """Batch indices as a pure function of (seed, step, rank): a resumed run sees exactly the batches an
     uninterrupted run would have seen from its step on. `stages` [(from_step, size), ...] splits the indices into
-    consecutive sets (a ConcatDataset's): each step draws from the last set whose from_step it has reached."""
+    consecutive sets (a ConcatDataset's; one set of n: [(0, n)]): each step draws from the last set whose from_step
+    it has reached."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, start_step, max_steps: int, rank: int = 0,
-                 stages: Sequence[tuple[int, int]] | None = None):
-        self.batch_size, self.seed = batch_size, seed
+    def __init__(self, stages: Sequence[tuple[int, int]], batch_size: int, seed: int, start_step, max_steps: int,
+                 rank: int = 0):
+        self.stages, self.batch_size, self.seed = list(stages), batch_size, seed
         self.start_step, self.max_steps, self.rank = start_step, max_steps, rank
-        self.stages = list(stages) if stages is not None else [(0, n)]
-        assert sum(size for _, size in self.stages) == n and self.stages[0][0] == 0, (n, self.stages)
 
     def _start(self) -> int:
         # read when iteration begins: Lightning restores the step counter after building the dataloader
@@ -209,10 +208,10 @@ class RetrievalDataModule(L.LightningDataModule):
         trainer = self.trainer
         start = (lambda: trainer.global_step) if trainer is not None else 0
         rank = trainer.global_rank if trainer is not None else 0
+        sampler = StepBatchSampler([(from_step, len(ds)) for from_step, ds in self.train_stages], self.batch_size,
+                                   self.seed, start, self.max_steps, rank)
         sets = [ds for _, ds in self.train_stages]
-        stages = [(from_step, len(ds)) for from_step, ds in self.train_stages]
-        sampler = StepBatchSampler(sum(n for _, n in stages), self.batch_size, self.seed, start, self.max_steps,
-                                   rank, stages)
+        # one set is passed as is: a datasets.Dataset fetches a whole batch at once, a ConcatDataset row by row
         return DataLoader(sets[0] if len(sets) == 1 else ConcatDataset(sets), batch_sampler=sampler, num_workers=0)
 
     def val_dataloader(self):

@@ -121,12 +121,12 @@ def test_in_sequence_curriculum_trains_on_dense_records_until_its_step(tmp_path,
         lockstep = _records_in_lockstep(ids, cfg)
         assert lockstep.all() if step < 4 else lockstep.mean() < 0.5, step  # prob 1: almost every row spread
 
-    sampler = StepBatchSampler(600, 32, 0, 0, 8, stages=[(0, 300), (4, 300)])
+    sampler = StepBatchSampler([(0, 300), (4, 300)], 32, 0, 0, 8)
     drawn = list(sampler)
     assert all(max(b) < 300 for b in drawn[:4]) and all(min(b) >= 300 for b in drawn[4:])
-    assert list(StepBatchSampler(600, 32, 0, 3, 8, stages=[(0, 300), (4, 300)])) == drawn[3:]
+    assert list(StepBatchSampler([(0, 300), (4, 300)], 32, 0, 3, 8)) == drawn[3:]
     # one set (no curriculum): the draws of the sampler before stages existed, step by step
-    single = list(StepBatchSampler(300, 32, 0, 0, 3))
+    single = list(StepBatchSampler([(0, 300)], 32, 0, 0, 3))
     assert single == [np.random.default_rng([0, s, 0]).choice(300, size=32, replace=False).tolist() for s in range(3)]
 
 
