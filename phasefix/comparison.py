@@ -6,8 +6,9 @@ mitigation, a model option); `phasefix.report` turns the rows of `report.collect
 
 - **learned**: a run learned the lookup when its prefix-padding mean is at least `LEARNED_FACTOR` x chance
   (chance = 1 / data.num_values for the key-value lookup; answering by elimination scores at most 2 / num_records,
-  below that line, because the evaluation demonstrates at most half the records: `phasefix.data.eval_task_kwargs`). Aggregates (mean, worst, ...) are over the learned seeds
-  only; a regime whose baseline learns in no seed has no goal to meet and says so.
+  below that line, because the evaluation demonstrates at most half the records: `phasefix.data.eval_task_kwargs`).
+  Aggregates (mean, worst, ...) are over the learned seeds only; a regime whose baseline learns in no seed has no
+  goal to meet and says so.
 - **goal met** (per learned seed): worst >= 0.9 x mean AND mean >= the unmitigated mean of the same regime and
   padding (the mean over its learned seeds).
 - **worst excl. boundary**: the worst residue among those whose phase is not the grid's boundary phase S-1 (W = S,
