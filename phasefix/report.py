@@ -1,4 +1,5 @@
 """`python -m phasefix.report [experiment=NAME] [runs=ID1,ID2] [tag.KEY=VALUE ...] [kind=fit,evaluate] [out=DIR]`
+   `python -m phasefix.report tables=DIR[:REGIME+REGIME],... out=DIR`
 
 Compares MLflow runs of `phasefix.fit` and `phasefix.evaluate` by phase and writes, to `out` (default
 outputs/reports/<date>-<time>):
@@ -15,6 +16,10 @@ outputs/reports/<date>-<time>):
   worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
   flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
+
+`tables=` reads no MLflow run: it builds headline.csv / headline.md (each regime's baseline and best arm at equal
+cache entries per token, every padding, the source table named per row) from committed report folders'
+`decisive.csv`, one table per regime (docs/results.md opens with it).
 
 Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix) whose tags match all
 `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
@@ -45,7 +50,7 @@ KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
-OPTIONS = ("experiment", "runs", "kind", "tracking_uri", "out", "log", "verbose", "experiment_name")
+OPTIONS = ("experiment", "runs", "tables", "kind", "tracking_uri", "out", "log", "verbose", "experiment_name")
 
 
 @dataclass
@@ -54,6 +59,7 @@ class ReportConfig:
     runs: list[str] = field(default_factory=list)  # run ids or unique prefixes (then no experiment, no tags)
     tag: dict[str, str] = field(default_factory=dict)  # `tag.KEY=VALUE`: runs whose tag KEY is VALUE
     kind: list[str] = field(default_factory=lambda: list(KINDS))
+    tables: list[str] = field(default_factory=list)  # committed report folders (`DIR` or `DIR:REGIME+REGIME`): headline
     tracking_uri: str | None = None
     out: str | None = None  # default outputs/reports/<date>-<time>
     log: bool = True  # log the report to a new MLflow run
@@ -81,7 +87,7 @@ def shim(argv: Sequence[str]) -> list[str]:
         check_choice("option", bare, OPTIONS + ("tag.KEY",))
         if bare == "experiment":
             bare = "experiment_name"
-        if bare in ("runs", "kind") and not value.startswith("["):
+        if bare in ("runs", "kind", "tables") and not value.startswith("["):
             value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
         elif bare in ("experiment_name", "tracking_uri", "out") and not value.startswith(("'", '"')):
             value = quoted(value)
@@ -102,7 +108,39 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
         check_choice("kind", k, KINDS)
     check(not (cfg.runs and (cfg.tag or cfg.experiment_name)), "runs", ",".join(cfg.runs),
           "selects runs by id: drop experiment= and tag.* (or drop runs=)")
+    check(not (cfg.tables and (cfg.runs or cfg.tag or cfg.experiment_name)), "tables", ",".join(cfg.tables),
+          "builds the headline from committed tables, not from MLflow: drop runs=, experiment= and tag.*")
     return cfg
+
+
+def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], list[dict]]:
+    """The headline (each regime's baseline and best arm at equal cache entries, every padding) from committed
+    report folders' `decisive.csv`: `DIR` takes every regime of DIR's table, `DIR:A+B` regimes A and B. A regime
+    may come from one table only, so that a row's figures are those of the one comparison its table names."""
+    from phasefix import comparison
+
+    rows, source = [], {}
+    for spec in specs:
+        folder, _, regimes = spec.partition(":")
+        path = Path(folder) / "decisive.csv"
+        check(path.is_file(), "tables", spec, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
+        wanted = [r for r in regimes.split("+") if r]
+        got = comparison.read_table(path, wanted)
+        found = list(dict.fromkeys(r["regime"] for r in got))
+        missing = [r for r in wanted if r not in found]
+        check(not missing, "tables", spec, f"has no regime {', '.join(missing)} (its regimes: "
+              f"{', '.join(dict.fromkeys(r['regime'] for r in comparison.read_table(path)))})")
+        for regime in found:
+            check(regime not in source, "tables", spec,
+                  f"repeats regime {regime}, already taken from {source.get(regime)}: name one table per regime "
+                  f"(DIR:REGIME)")
+            source[regime] = folder
+        rows += [{**r, "table": folder} for r in got]
+    hrows = comparison.best_rows(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
+    (out / "headline.md").write_text(comparison.markdown(hrows))
+    return ["headline.csv", "headline.md"], hrows
 
 
 def _num(x) -> float:
@@ -275,7 +313,7 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
     drows = comparison.decisive_rows(rows, curves, facts)
     write_csv(out / "decisive.csv", drows, comparison.COLUMNS)
     (out / "decisive.md").write_text(comparison.markdown(drows))
-    (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
+    (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))  # every padding
     files = ["decisive.csv", "decisive.md", "headline.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
@@ -295,6 +333,11 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     from phasefix.paths import OUTPUTS_DIR
 
     cfg = options(cfg)
+    if cfg.tables:  # no MLflow: the committed tables are the source
+        out = Path(cfg.out) if cfg.out else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
+        files, hrows = headline_from_tables(list(cfg.tables), out)
+        return {"out": str(out), "runs": [], "rows": [], "flips": [], "pareto": [], "files": files,
+                "report_run_id": None, "left_out": [], "decisive": hrows}
     opts = {"experiment": cfg.experiment_name, "runs": list(cfg.runs), "tags": dict(cfg.tag), "kind": list(cfg.kind),
             "tracking_uri": cfg.tracking_uri, "out": cfg.out, "log": cfg.log}
     c = tracking.client(opts["tracking_uri"])
@@ -355,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def work(cfg: DictConfig) -> int:
         quiet(cfg.verbose)  # -v: the libraries' own output too
         res = report(cfg)
+        if cfg.tables:
+            print((Path(res["out"]) / "headline.md").read_text(), end="")
+            print(f"\nheadline of {len(cfg.tables)} tables written to {res['out']}: {', '.join(res['files'])}")
+            return 0
         print((Path(res["out"]) / "comparison.md").read_text(), end="")
         left = res["left_out"]
         print(f"\n{len(res['runs']) - len(left)} of {len(res['runs'])} runs reported; written to {res['out']}: "

@@ -2,6 +2,7 @@
 import math
 
 import matplotlib
+import pytest
 
 from phasefix import comparison, plots
 
@@ -74,3 +75,58 @@ def test_figures_render(tmp_path):
         assert isinstance(fig, matplotlib.figure.Figure)
         fig.savefig(tmp_path / "f.png")
         assert len(fig.axes) >= 1
+
+
+def _drow(regime, arm, pad, seeds, learned, mean, worst, goal, entries=0.5, flops=1000.0):
+    return {"regime": regime, "arm": arm, "padding": pad, "seeds": seeds, "learned": learned, "acc_mean": mean,
+            "acc_mean_sd": math.nan, "acc_worst": worst, "acc_worst_sd": math.nan, "worst_excl_boundary": worst,
+            "acc_gap": mean - worst, "period": 8.0, "goal_met": goal, "train_seconds": 10.0,
+            "compressor_flops_per_token": flops, "cache_entries_per_token": entries, "lm_loss": math.nan,
+            "lm_loss_change": math.nan, "run_ids": f"{arm[:4]}0000 {arm[:4]}0001"}
+
+
+def test_the_headline_arm_is_judged_on_every_padding_at_the_baselines_cache_size():
+    """`prefix_only` meets the goal on prefix in 2 of 2 seeds but on no in-sequence seed; `both` meets it on 1 of 2
+    in each padding (2 of 4 either way, then the higher worst residue: 0.7 against 0.2); `bigger_cache` meets it
+    everywhere but keeps twice the entries, so it is no headline arm."""
+    rows = [_drow("w8s8", "baseline", p, 2, 2, 0.8, 0.3, 0) for p in ("in_sequence", "prefix")]
+    rows += [_drow("w8s8", "prefix_only", "in_sequence", 2, 2, 0.9, 0.2, 0),
+             _drow("w8s8", "prefix_only", "prefix", 2, 2, 0.95, 0.9, 2),
+             _drow("w8s8", "both", "in_sequence", 2, 2, 0.9, 0.7, 1),
+             _drow("w8s8", "both", "prefix", 2, 2, 0.9, 0.8, 1),
+             _drow("w8s8", "bigger_cache", "in_sequence", 2, 2, 1.0, 1.0, 2, entries=1.0),
+             _drow("w8s8", "bigger_cache", "prefix", 2, 2, 1.0, 1.0, 2, entries=1.0)]
+    best = comparison.best_rows(rows)
+    assert [(r["arm"], r["padding"]) for r in best] == [("baseline", "in_sequence"), ("baseline", "prefix"),
+                                                        ("both", "in_sequence"), ("both", "prefix")]
+
+
+def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folders(tmp_path):
+    """Two report folders written with report.write_csv as `decisive` writes them; the headline takes w4s4 from
+    the first and w8s8 from the second, reads integers and blanks (nan) back, and refuses a regime named twice or
+    absent."""
+    from phasefix.errors import ConfigError
+    from phasefix.report import headline_from_tables, write_csv
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    write_csv(b / "decisive.csv", [_drow("w8s8", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
+                                   _drow("w8s8", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], comparison.COLUMNS)
+    write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
+                                   _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3),
+                                   _drow("w8s8", "baseline", "prefix", 1, 0, 0.03, 0.0, 0)], comparison.COLUMNS)
+    back = comparison.read_table(a / "decisive.csv", ["w8s8"])
+    assert len(back) == 1 and back[0]["seeds"] == 1 and back[0]["learned"] == 0 and math.isnan(back[0]["lm_loss"])
+    assert back[0]["baseline_run"] and not back[0]["baseline_learned"]
+    files, hrows = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
+    assert files == ["headline.csv", "headline.md"]
+    assert [(r["regime"], r["arm"], r["table"]) for r in hrows] == [
+        ("w4s4", "baseline", str(a)), ("w4s4", "token_shift", str(a)),
+        ("w8s8", "baseline", str(b)), ("w8s8", "token_shift", str(b))]
+    assert hrows[1]["goal_met"] == 3 and hrows[1]["acc_worst"] == 0.95
+    md = (tmp_path / "h" / "headline.md").read_text()
+    assert "| w8s8 | token_shift | prefix | 3/3 | 1.000 | 0.950 |" in md and f"`{b}` |" in md
+    for specs, says in (([str(a), str(b)], "repeats regime w8s8"), ([f"{a}:w6s6"], "has no regime w6s6"),
+                        ([str(tmp_path)], "decisive.csv")):
+        with pytest.raises(ConfigError, match=says):
+            headline_from_tables(specs, tmp_path / "h")
