@@ -28,3 +28,14 @@ def test_every_run_id_the_docs_quote_is_in_a_committed_table():
         if lost:
             missing[doc.name] = lost
     assert not missing, f"run ids quoted but in no committed docs/figures/**/comparison.csv: {missing}"
+
+
+def test_results_open_with_the_generated_headline():
+    """docs/results.md's first table is docs/figures/headline/headline.md as `phasefix.report tables=...` wrote it
+    (no hand-copied figures), and every table it names is committed."""
+    headline = (PROJECT_ROOT / "docs" / "figures" / "headline" / "headline.md").read_text()
+    results = (PROJECT_ROOT / "docs" / "results.md").read_text()
+    first_table = results[results.index("\n|") + 1:]
+    assert first_table.startswith(headline)
+    for table in set(re.findall(r"`(docs/figures/[^`]+)` \|", headline)):
+        assert (PROJECT_ROOT / table / "decisive.csv").is_file(), table
