@@ -162,13 +162,13 @@ INT_COLUMNS = ("seeds", "learned", "goal_met")
 TEXT_COLUMNS = ("regime", "arm", "padding", "run_ids")
 
 
-def read_table(path, regimes: Sequence[str] = ()) -> list[dict]:
-    """The rows of a committed `decisive.csv` (of the given regimes; all when empty) as `decisive_rows` made them,
-    so that `best_rows` and `markdown` can build a headline from tables whose runs are no longer in MLflow."""
+def read_table(path) -> list[dict]:
+    """The rows of a committed `decisive.csv` as `decisive_rows` made them, so that `best_rows` and `markdown` can
+    build a headline from tables whose runs are no longer in MLflow."""
     import csv
 
     with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if not regimes or r["regime"] in regimes]
+        rows = list(csv.DictReader(f))
     out = []
     for r in rows:
         row = {k: (v if k in TEXT_COLUMNS else int(v) if k in INT_COLUMNS else _num(v)) for k, v in r.items()}

@@ -124,12 +124,13 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
         folder, _, regimes = spec.partition(":")
         path = Path(folder) / "decisive.csv"
         check(path.is_file(), "tables", spec, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        wanted = [r for r in regimes.split("+") if r]
-        got = comparison.read_table(path, wanted)
+        table = comparison.read_table(path)
+        present = list(dict.fromkeys(r["regime"] for r in table))
+        wanted = [r for r in regimes.split("+") if r] or present
+        missing = [r for r in wanted if r not in present]
+        check(not missing, "tables", spec, f"has no regime {', '.join(missing)} (its regimes: {', '.join(present)})")
+        got = [r for r in table if r["regime"] in wanted]
         found = list(dict.fromkeys(r["regime"] for r in got))
-        missing = [r for r in wanted if r not in found]
-        check(not missing, "tables", spec, f"has no regime {', '.join(missing)} (its regimes: "
-              f"{', '.join(dict.fromkeys(r['regime'] for r in comparison.read_table(path)))})")
         for regime in found:
             check(regime not in source, "tables", spec,
                   f"repeats regime {regime}, already taken from {source.get(regime)}: name one table per regime "
@@ -141,6 +142,13 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
     write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
     (out / "headline.md").write_text(comparison.markdown(hrows))
     return ["headline.csv", "headline.md"], hrows
+
+
+def out_dir(out: str | None) -> Path:
+    """`out`, or outputs/reports/<date>-<time>."""
+    from phasefix.paths import OUTPUTS_DIR
+
+    return Path(out) if out else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
 
 
 def _num(x) -> float:
@@ -313,7 +321,7 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
     drows = comparison.decisive_rows(rows, curves, facts)
     write_csv(out / "decisive.csv", drows, comparison.COLUMNS)
     (out / "decisive.md").write_text(comparison.markdown(drows))
-    (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))  # every padding
+    (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
     files = ["decisive.csv", "decisive.md", "headline.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
@@ -330,11 +338,10 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     config or `key=value` arguments as on the command line. Returns {out, runs (ids), rows, flips, pareto, files,
     report_run_id, left_out, decisive (the regime x arm rows of runs tagged `regime`)}."""
     from phasefix import plots, tracking
-    from phasefix.paths import OUTPUTS_DIR
 
     cfg = options(cfg)
     if cfg.tables:  # no MLflow: the committed tables are the source
-        out = Path(cfg.out) if cfg.out else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
+        out = out_dir(cfg.out)
         files, hrows = headline_from_tables(list(cfg.tables), out)
         return {"out": str(out), "runs": [], "rows": [], "flips": [], "pareto": [], "files": files,
                 "report_run_id": None, "left_out": [], "decisive": hrows}
@@ -349,7 +356,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
 
-    out = Path(opts["out"]) if opts["out"] else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
+    out = out_dir(opts["out"])
     out.mkdir(parents=True, exist_ok=True)
     files, drows = [], []
     if rows:

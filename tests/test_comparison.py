@@ -115,7 +115,7 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
                                    _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3),
                                    _drow("w8s8", "baseline", "prefix", 1, 0, 0.03, 0.0, 0)], comparison.COLUMNS)
-    back = comparison.read_table(a / "decisive.csv", ["w8s8"])
+    back = [r for r in comparison.read_table(a / "decisive.csv") if r["regime"] == "w8s8"]
     assert len(back) == 1 and back[0]["seeds"] == 1 and back[0]["learned"] == 0 and math.isnan(back[0]["lm_loss"])
     assert back[0]["baseline_run"] and not back[0]["baseline_learned"]
     files, hrows = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
