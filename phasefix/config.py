@@ -92,6 +92,7 @@ class FitConfig:
     run_name: str | None = None
     output_dir: str | None = None
     resume: str | None = None
+    fork: bool = False  # with resume: continue as a new run, leaving the named one as it was
     verbose: bool = False  # the libraries' own output (Lightning, MLflow, datasets) besides phasefix's bars
 
 

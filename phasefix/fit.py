@@ -83,6 +83,9 @@ def run_name(cfg: DictConfig) -> str:
 # mitigations, optimiser, seed, evaluation protocol, where it logs) and is refused.
 RESUMABLE = ("trainer.max_steps", "trainer.num_threads", "trainer.progress_bar", "trainer.val_every_n_steps",
              "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps", "eval.batch_size", "verbose")
+# What a fork (resume with fork=true: a new run from the checkpoint) may change besides: how the new run is named,
+# where it lives, how it is tagged (e.g. the comparison it belongs to).
+FORKABLE = ("run_name", "output_dir", "logger.tags")
 
 
 def resume_config(cfg: DictConfig):
@@ -90,28 +93,35 @@ def resume_config(cfg: DictConfig):
     checkpoint's step, the seconds trained up to it or None).
 
     The overrides are the keys of `cfg` that differ from the defaults (`compose([])`); one that differs
-    from the stored value and is not in RESUMABLE raises ConfigError naming it. `trainer.max_steps` below the
-    checkpoint's step is refused; above it, the run trains the extra steps."""
+    from the stored value and is not in RESUMABLE (with `fork`, nor in FORKABLE) raises ConfigError naming it.
+    `trainer.max_steps` below the checkpoint's step is refused; above it, the run trains the extra steps. A fork
+    lives in a new output directory (`output_dir` or the default), never the named run's."""
     from phasefix.run import Run
 
     run = Run.open(str(cfg.resume), cfg.logger.get("tracking_uri"), key="resume")
     check(run.dir is not None and run.run_id is not None and run.config is not None, "resume", cfg.resume,
           "must name a run of phasefix.fit (a directory with run.json and config.yaml), not a bare checkpoint")
+    fork = bool(cfg.get("fork"))
+    changeable = RESUMABLE + (FORKABLE if fork else ())
     stored = run.config
+    if fork:
+        stored.output_dir = None  # not the named run's directory, unless output_dir is given below
     flat_stored = tracking.flatten(C.to_container(stored))
     flat_default = tracking.flatten(C.to_container(compose([])))  # what the user did not set
     missing, refused = object(), []
     for key, value in tracking.flatten(C.to_container(cfg)).items():
-        if key == "resume" or flat_default.get(key, missing) == value or flat_stored.get(key, missing) == value:
+        if key in ("resume", "fork") or flat_default.get(key, missing) == value or flat_stored.get(key, missing) == value:
             continue
-        if key not in RESUMABLE:
+        if not any(key == k or key.startswith(k + ".") for k in changeable):
             refused.append(f"{key}={value} (the run has {flat_stored.get(key)})")
             continue
         OmegaConf.update(stored, key, value, force_add=True)
     if refused:
-        raise ConfigError(f"cannot change on resume: {', '.join(refused)}; resume without it or start a new run "
-                          f"(on resume only {', '.join(RESUMABLE)} may change)")
+        what = "a fork" if fork else "resume"
+        raise ConfigError(f"cannot change on {what}: {', '.join(refused)}; resume without it or start a new run "
+                          f"(on {what} only {', '.join(changeable)} may change)")
     stored.resume = None
+    stored.fork = False
     step, seconds = run.progress(key="resume")
     check(stored.trainer.max_steps >= step, "trainer.max_steps", stored.trainer.max_steps,
           f"must be >= {step} on resume: the run's last checkpoint is at step {step}")
@@ -129,8 +139,10 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     `callbacks`: extra Lightning callbacks (e.g. a study's pruner reading `val/<padding>/acc_*`).
     With `resume`: continue that run in the same MLflow run and output directory (see `resume_config`); metric
     points logged after its checkpoint and its final results are replaced, not duplicated; a run already trained to
-    `trainer.max_steps` and evaluated returns its summary without training. Ctrl-C saves `last.ckpt` at the
-    interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
+    `trainer.max_steps` and evaluated returns its summary without training. With `resume` and `fork`: train on from
+    that run's checkpoint as a new run (new output directory and MLflow run, tagged forked_from, the metric points
+    before the checkpoint's step copied, train time counted from the checkpoint's), writing nothing to the named
+    run. Ctrl-C saves `last.ckpt` at the interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -142,13 +154,16 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from phasefix.run import Run
 
     console.quiet(bool(cfg.get("verbose")))
-    run, start_step, before_seconds = None, 0, 0.0
-    resuming = bool(cfg.get("resume"))
+    run, source, start_step, before_seconds = None, None, 0, 0.0
+    resuming, forking = bool(cfg.get("resume")), bool(cfg.get("fork"))
+    check(resuming or not forking, "fork", "true", "needs resume=<the run to fork from>")
     if resuming:
         run, cfg, start_step, before_seconds = resume_config(cfg)
         previous = run.summary
         if before_seconds is None:  # a checkpoint written before train time was recorded in checkpoints
             before_seconds = (previous or {}).get("train_seconds", 0.0)
+        if forking:  # from here on the new run is `run`; the named one is only read
+            source, run, previous = run, None, None
         if previous is not None and previous.get("steps", start_step) == start_step >= cfg.trainer.max_steps:
             print(f"phasefix fit: {run.dir} is trained to step {start_step} = trainer.max_steps and evaluated; "
                   "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
@@ -176,9 +191,12 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
             "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
+            **({"forked_from": f"{source.run_id} at step {start_step} ({source.checkpoint()})"} if source else {}),
             **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
         tracking.log_params(c, run_id, resolved)
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
+        if source is not None:
+            tracking.copy_history(tracking.client(source.tracking_uri), source.run_id, c, run_id, start_step)
         run = Run.create(out_dir, run_id, c.tracking_uri, OmegaConf.to_yaml(cfg, resolve=True))
     else:
         run_id = run.run_id
@@ -186,11 +204,11 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         tracking.set_tags(c, run_id, {"resumed_from": f"{run.checkpoint()} (step {start_step})"})
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
-    resume_ckpt = run.checkpoint() if resuming else None
+    resume_ckpt = (source or run).checkpoint() if resuming else None
 
     trainer = None
     ckpt_dir = out_dir / "checkpoints"
-    with tracking.running(c, run_id, resumed=resuming):  # ends the run FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
+    with tracking.running(c, run_id, resumed=resuming and not forking):  # ends the run FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
         try:
             module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
                                     optim=OmegaConf.to_container(cfg.optim, resolve=True),

@@ -261,6 +261,20 @@ def rewind(c: MlflowClient, run_id: str, step: int | None = None, final: bool = 
     return True
 
 
+def copy_history(src: MlflowClient, src_run: str, dst: MlflowClient, dst_run: str, before_step: int) -> int:
+    """Copy run `src_run`'s step-indexed metric points before `before_step` (not its final results) into `dst_run`:
+    a fork's history up to the checkpoint it starts from (a resume keeps exactly these, see `rewind`). The number
+    of points copied."""
+    from mlflow.entities import Metric
+
+    keys = [k for k in src.get_run(src_run).data.metrics if not k.startswith(FINAL_PREFIXES)]
+    points = [Metric(k, m.value, m.timestamp, m.step) for k in keys for m in src.get_metric_history(src_run, k)
+              if m.step < before_step]
+    for i in range(0, len(points), 500):  # MLflow's limit per call
+        dst.log_batch(dst_run, metrics=points[i:i + 500])
+    return len(points)
+
+
 def residue_table(results: Mapping[str, Mapping]) -> str:
     """CSV: residue, then accuracy, count and Wilson interval per padding."""
     paddings = list(results)

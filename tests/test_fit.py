@@ -354,6 +354,52 @@ def test_resume_with_raised_max_steps_trains_the_extra_steps_and_logs_one_curve(
     assert {k: len(v) for k, v in metric_steps(c, first["mlflow_run_id"]).items()} == history
 
 
+def file_bytes(d: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def test_fork_continues_as_a_new_run_and_leaves_the_named_run_as_it_was(tmp_path, capsys):
+    """A finished 16-step run forked to 24 steps: a new run (new directory, new MLflow run tagged forked_from, the
+    points before step 16 copied, renamed and re-tagged) with the same final phase accuracy as resuming the run
+    itself to 24 steps (resume is checked against an uninterrupted run above); the named run's files and MLflow
+    history are untouched. A fork without resume, or one that changes the run's identity, is refused in one line."""
+    small = FAST + ["trainer.max_steps=16", "trainer.batch_size=16", "trainer.log_every_n_steps=1",
+                    "trainer.val_every_n_steps=8"]
+    first = fit(compose(small + run_overrides(tmp_path)))
+    out, fork_dir = tmp_path / "run", tmp_path / "fork"
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    files_before, history_before = file_bytes(out), metric_steps(c, first["mlflow_run_id"])
+
+    assert main(["fork=true", "trainer.max_steps=24"]) == 2
+    assert main([f"resume={out}", "fork=true", "model.window=8", f"output_dir={fork_dir}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "fork" in err[0] and "resume" in err[0], err
+    assert "model.window=8" in err[1] and "cannot change on a fork" in err[1], err
+    assert not fork_dir.exists()
+
+    forked = fit(compose([f"resume={out}", "fork=true", "trainer.max_steps=24", f"output_dir={fork_dir}",
+                          "run_name=longer", "+logger.tags.comparison=forks"]))
+    new_id = forked["mlflow_run_id"]
+    assert new_id != first["mlflow_run_id"] and forked["output_dir"] == str(fork_dir)
+    assert file_bytes(out) == files_before
+    assert metric_steps(c, first["mlflow_run_id"]) == history_before
+    assert c.get_run(first["mlflow_run_id"]).info.status == "FINISHED"
+    new = c.get_run(new_id)
+    assert new.info.run_name == "longer" and new.info.status == "FINISHED"
+    assert new.data.tags["comparison"] == "forks"
+    assert new.data.tags["forked_from"].startswith(f"{first['mlflow_run_id']} at step 16")
+    steps = metric_steps(c, new_id)
+    for key, logged in steps.items():
+        assert len(logged) == len(set(logged)), f"{key} logged twice at one step: {logged}"
+    assert [s for s in steps["train/loss"] if s < 16] == [s for s in history_before["train/loss"] if s < 16]
+    assert max(steps["train/loss"]) >= 23 and steps["final/prefix/acc_mean"] == [0]
+    assert forked["train_seconds"] > first["train_seconds"]  # counted from the checkpoint's train time
+
+    resumed = fit(compose([f"resume={out}", "trainer.max_steps=24"]))
+    for pad in ("prefix", "in_sequence"):
+        assert forked[pad]["per_residue"] == pytest.approx(resumed[pad]["per_residue"], abs=1e-6)
+
+
 def wait_for_metric(c, exp_name: str, key: str, min_step: int, proc, timeout: float = 300):
     deadline = time.time() + timeout
     while time.time() < deadline:
