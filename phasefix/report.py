@@ -328,7 +328,8 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
             plots.save(plots.phase_grid(rows, curves, facts, pad), out / f"phase_grid_{pad}.png")
             files.append(f"phase_grid_{pad}.png")
     plots.save(plots.worst_vs_mean(rows, facts), out / "worst_vs_mean.png")
-    losses = {rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts}
+    reported = {r["run_id"] for r in rows}  # the loss figure shows the table's runs, not the unfinished ones
+    losses = {rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts if rid in reported}
     plots.save(plots.loss_curves(losses, facts), out / "train_loss.png")
     return files + ["worst_vs_mean.png", "train_loss.png"], drows
 

@@ -173,7 +173,7 @@ def test_report_by_id_prefixes_labels_full_attention_and_says_what_it_left_out(t
     assert {(r["run_name"], r["window"], r["stride"]) for r in rows} == {("full", "", ""), ("compressed", "4", "4")}
 
 
-def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path):
+def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path, monkeypatch):
     """Two regime-tagged arms (params as a fit logs them): the baseline dips at the boundary phase, the arm is flat;
     the decisive table counts learned seeds, the goal against the baseline's mean and the arm's costs."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -187,9 +187,21 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path):
                           {"regime": "w4s4", "arm": arm, "comparison": "dec"})
             tracking.log_params(c, rid, {**params, "model.window": window})
             ids[(arm, seed)] = rid
+    unfinished = c.create_run(exp, run_name="baseline-s2", tags={"phasefix.kind": "fit", "regime": "w4s4",
+                                                                  "arm": "baseline", "comparison": "dec"}).info.run_id
+    tracking.log_metric_values(c, unfinished, {}, {"train/loss": [3.0, 2.9]})
+    c.set_terminated(unfinished, status="KILLED")
+    from phasefix import plots
+    drawn, draw = {}, plots.loss_curves
+
+    def spy(losses, facts):
+        drawn.update(losses)
+        return draw(losses, facts)
+    monkeypatch.setattr(plots, "loss_curves", spy)
     res = report([f"tracking_uri={uri}", "experiment=decisive", "tag.comparison=dec", f"out={tmp_path / 'out'}",
                   "log=false"])
     out = tmp_path / "out"
+    assert set(drawn) == set(ids.values())  # the loss figure shows the table's runs, not the killed one
     assert {"decisive.csv", "decisive.md", "headline.md", "phase_grid_prefix.png", "worst_vs_mean.png",
             "train_loss.png"} <= set(res["files"])
     rows = {(r["arm"], r["padding"]): r for r in csv.DictReader(open(out / "decisive.csv"))}
