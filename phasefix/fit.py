@@ -118,7 +118,7 @@ def resume_config(cfg: DictConfig):
         OmegaConf.update(stored, key, value, force_add=True)
     if refused:
         what = "a fork" if fork else "resume"
-        raise ConfigError(f"cannot change on {what}: {', '.join(refused)}; resume without it or start a new run "
+        raise ConfigError(f"cannot change on {what}: {', '.join(refused)}; {what} without it or start a new run "
                           f"(on {what} only {', '.join(changeable)} may change)")
     stored.resume = None
     stored.fork = False
@@ -208,7 +208,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
     trainer = None
     ckpt_dir = out_dir / "checkpoints"
-    with tracking.running(c, run_id, resumed=resuming and not forking):  # ends the run FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
+    # the run ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
+    with tracking.running(c, run_id, resumed=resuming and not forking):
         try:
             module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
                                     optim=OmegaConf.to_container(cfg.optim, resolve=True),
