@@ -270,8 +270,7 @@ def copy_history(src: MlflowClient, src_run: str, dst: MlflowClient, dst_run: st
     keys = [k for k in src.get_run(src_run).data.metrics if not k.startswith(FINAL_PREFIXES)]
     points = [Metric(k, m.value, m.timestamp, m.step) for k in keys for m in src.get_metric_history(src_run, k)
               if m.step < before_step]
-    for i in range(0, len(points), 500):  # MLflow's limit per call
-        dst.log_batch(dst_run, metrics=points[i:i + 500])
+    log_batches(dst, dst_run, points)
     return len(points)
 
 
@@ -317,6 +316,11 @@ def log_metric_values(c: MlflowClient, run_id: str, scalars: Mapping[str, float]
     metrics = [Metric(k, float(v), ts, step) for k, v in scalars.items() if _finite(v)]
     metrics += [Metric(k, float(v), ts, int(i)) for k, values in curves.items() for i, v in points(values)
                 if _finite(v)]
+    log_batches(c, run_id, metrics)
+
+
+def log_batches(c: MlflowClient, run_id: str, metrics: "Sequence") -> None:
+    """Log MLflow `Metric`s in batches of 500 (MLflow's limit per call)."""
     for i in range(0, len(metrics), 500):
         c.log_batch(run_id, metrics=metrics[i:i + 500])
 
