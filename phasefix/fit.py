@@ -263,9 +263,10 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
-            log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
-            tracking.write_json(out_dir / "summary.json", summary)
-            tracking.log_dict(c, run_id, summary, "summary.json")
+            with tracking.interrupts_deferred():  # the final results are written whole (a Ctrl-C: right after)
+                log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
+                tracking.write_json(out_dir / "summary.json", summary)
+                tracking.log_dict(c, run_id, summary, "summary.json")
             return summary
         except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
             if isinstance(e, SystemExit) and not isinstance(e, SIGTERMException) and not (trainer and trainer.interrupted):

@@ -20,6 +20,7 @@ from phasefix.mitigations.base import loss_ramp
 from phasefix.mitigations.gates import effective_slots, static_gate_distribution
 from phasefix.model import CompressedQwen3, ModelConfig
 from phasefix.predict import query_predictions
+from phasefix import tracking
 from phasefix.tracking import phase_metric
 
 
@@ -256,7 +257,8 @@ class RunLogger(MLFlowLogger):
             metrics = {k: v for k, v in metrics.items() if k not in self._written[1]}
             self._written[1].update(metrics)
         if metrics:
-            super().log_metrics(metrics, step)
+            with tracking.interrupts_deferred():
+                super().log_metrics(metrics, step)
 
 
 class PeriodicCheckpoint(ModelCheckpoint):

@@ -10,7 +10,9 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -88,7 +90,25 @@ def running(c: MlflowClient, run_id: str, resumed: bool = False) -> Iterator[str
         status = "KILLED"
         raise
     finally:
-        c.set_terminated(run_id, status=status)
+        with interrupts_deferred():
+            c.set_terminated(run_id, status=status)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C inside the block takes effect when the block ends. A KeyboardInterrupt raised inside an sqlite write
+    leaves that connection holding the database lock, so the process could no longer end its own run KILLED."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):  # as if the signal arrived now (SIG_IGN, SIG_DFL: nothing to call)
+            previous(signal.SIGINT, received[0])
 
 
 def resume_run(c: MlflowClient, run_id: str) -> None:

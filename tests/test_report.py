@@ -238,6 +238,38 @@ def test_tracking_run_lifecycle_and_metrics_in_batches(tmp_path):
     assert sorted((m.step, m.value) for m in c.get_metric_history(ids[0], "by_step")) == [(10, 1.0), (30, 3.0)]
 
 
+def test_ctrl_c_during_a_metric_write_lands_after_it_and_the_run_still_ends_killed(tmp_path, monkeypatch):
+    """A Ctrl-C that arrives inside the logger's MLflow write (CI once caught one inside sqlite: the interrupted
+    connection kept the database locked and ending the run KILLED failed) waits until the write is done: the points
+    are in the store, then the KeyboardInterrupt, and the run ends KILLED."""
+    import os
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from phasefix.module import RunLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    rid = tracking.create_run(c, "interrupt", "r", {"phasefix.kind": "fit"})
+    real = MlflowClient.log_batch
+
+    def ctrl_c_mid_write(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode: before the write below
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", ctrl_c_mid_write)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    logger = RunLogger(experiment_name="interrupt", tracking_uri=uri, run_id=rid)
+    with pytest.raises(KeyboardInterrupt):
+        with tracking.running(c, rid):
+            logger.log_metrics({"train/loss": 1.5}, step=3)
+            raise AssertionError("the interrupt should have been raised when the write ended")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert [(m.step, m.value) for m in c.get_metric_history(rid, "train/loss")] == [(3, 1.5)]
+    assert c.get_run(rid).info.status == "KILLED"
+
+
 def test_a_recorded_command_gives_the_shell_back_the_same_overrides_and_the_tag_composes_to_it():
     """The `command` a table row shows is copy-pasteable: shlex (a POSIX shell's word splitting) turns it back into
     exactly the overrides, quotes, spaces, brackets and `$` included; the override that records it for an in-process
