@@ -86,15 +86,18 @@ def test_train_determinism_cache_and_splits(tmp_path):
     ("num_records", 0, "data.num_records"), ("num_demos", 17, "data.num_demos"), ("num_keys", 8, "data.num_keys"),
     ("in_sequence_prob", 1.5, "data.in_sequence_prob"), ("seq_len", 10, "data.seq_len"),
     ("max_prefix_pad", -1, "data.max_prefix_pad"), ("in_sequence_from_step", -1, "data.in_sequence_from_step"),
+    ("in_sequence_prob_before", -0.1, "data.in_sequence_prob_before"),
 ])
 def test_train_config_errors_name_the_key(field, value, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         RetrievalConfig(**{field: value})
 
 
-def test_in_sequence_curriculum_needs_in_sequence_records():
-    with pytest.raises(ConfigError, match=r"data\.in_sequence_from_step=100 .*in_sequence_prob=0"):
+def test_in_sequence_curriculum_needs_a_change_to_switch_to():
+    with pytest.raises(ConfigError, match=r"data\.in_sequence_from_step=100 .*in_sequence_prob=data\.in_sequence_prob_before=0"):
         RetrievalConfig(in_sequence_prob=0.0, in_sequence_from_step=100)
+    with pytest.raises(ConfigError, match=r"data\.in_sequence_from_step=100 .*=1\.0 "):
+        RetrievalConfig(in_sequence_prob=1.0, in_sequence_prob_before=1.0, in_sequence_from_step=100)
 
 
 def _records_in_lockstep(ids: np.ndarray, cfg: RetrievalConfig) -> np.ndarray:
@@ -125,6 +128,13 @@ def test_in_sequence_curriculum_trains_on_dense_records_until_its_step(tmp_path,
     drawn = list(sampler)
     assert all(max(b) < 300 for b in drawn[:4]) and all(min(b) >= 300 for b in drawn[4:])
     assert list(StepBatchSampler([(0, 300), (4, 300)], 32, 0, 3, 8)) == drawn[3:]
+    # in-sequence first (in_sequence_prob_before=1), then dense only: the other order
+    cfg = RetrievalConfig(num_train=300, num_val=10, in_sequence_prob=0.0, in_sequence_prob_before=1.0,
+                          in_sequence_from_step=2)
+    stages = [(step, ds.with_format("torch")) for step, ds in train_stages(cfg, seed=0)]
+    data = RetrievalDataModule(stages, {}, batch_size=32, eval_batch_size=8, seed=0, max_steps=4)
+    lockstep = [_records_in_lockstep(b["input_ids"].numpy(), cfg) for b in data.train_dataloader()]
+    assert [ls.mean() < 0.5 for ls in lockstep] == [True, True, False, False] and lockstep[3].all()
     # one set (no curriculum): the draws of the sampler before stages existed, step by step
     single = list(StepBatchSampler([(0, 300)], 32, 0, 0, 3))
     assert single == [np.random.default_rng([0, s, 0]).choice(300, size=32, replace=False).tolist() for s in range(3)]

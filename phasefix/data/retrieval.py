@@ -11,9 +11,9 @@ The prefix p is uniform on 0..max_prefix_pad (default 71 = 3 * 24 - 1, so p mod 
 modulo every stride dividing 24, is exactly uniform; and 71 covers the filler of the default phase evaluation for 16
 records, whose max_pad is 65). With probability ``in_sequence_prob`` the remaining filler is spread over the gaps
 after each record (multinomially) instead of sitting in one block after the last record, so the model also sees
-records that do not move in lockstep. ``in_sequence_from_step`` > 0 is a curriculum: training draws only dense
-sequences (a set generated with ``in_sequence_prob`` = 0) before that step and the configured mix from it on, so a
-model can learn the lookup on records in lockstep before it sees them spread (``phasefix.data.select.train_stages``).
+records that do not move in lockstep. ``in_sequence_from_step`` > 0 is a curriculum: training draws from a set generated with
+``in_sequence_prob_before`` (default 0: dense sequences only; 1: in-sequence only) before that step and from the
+configured mix from it on (``phasefix.data.select.train_stages``).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from phasefix.errors import check, check_choice
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 # When training switches to in-sequence records: a schedule over the data, not part of the data's cache key
-SCHEDULE_KEYS = ("in_sequence_from_step",)
+SCHEDULE_KEYS = ("in_sequence_from_step", "in_sequence_prob_before")
 
 
 @dataclass
@@ -50,7 +50,8 @@ class RetrievalConfig:
     num_filler: int = 16
     max_prefix_pad: int = 71
     in_sequence_prob: float = 0.5
-    in_sequence_from_step: int = 0  # > 0: dense sequences only before this training step (a curriculum)
+    in_sequence_from_step: int = 0  # > 0: a curriculum, in_sequence_prob_before until this step, then in_sequence_prob
+    in_sequence_prob_before: float = 0.0  # the in-sequence share before in_sequence_from_step (0: dense first)
     seq_len: int | None = None  # None: the minimum, 1 + max_prefix_pad + 2 * (num_records + num_demos)
     num_train: int = 100_000
     num_val: int = 2_000
@@ -70,8 +71,12 @@ class RetrievalConfig:
               "must be in [0, 1]")
         check(isinstance(self.in_sequence_from_step, int) and self.in_sequence_from_step >= 0,
               "data.in_sequence_from_step", self.in_sequence_from_step, "must be an integer >= 0")
-        check(self.in_sequence_from_step == 0 or self.in_sequence_prob > 0, "data.in_sequence_from_step",
-              self.in_sequence_from_step, "must be 0 when data.in_sequence_prob=0 (nothing to switch to)")
+        check(0.0 <= self.in_sequence_prob_before <= 1.0, "data.in_sequence_prob_before",
+              self.in_sequence_prob_before, "must be in [0, 1]")
+        check(self.in_sequence_from_step == 0 or self.in_sequence_prob != self.in_sequence_prob_before,
+              "data.in_sequence_from_step", self.in_sequence_from_step,
+              f"must be 0 when data.in_sequence_prob=data.in_sequence_prob_before={self.in_sequence_prob} "
+              "(nothing to switch to)")
         check(self.seq_len is None or self.seq_len >= self.min_seq_len, "data.seq_len", self.seq_len,
               f"must be >= {self.min_seq_len} (1 + max_prefix_pad + 2 * (num_records + num_demos)) or null")
 

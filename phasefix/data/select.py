@@ -34,11 +34,12 @@ def train_set(data_cfg, split: str, seed: int):
 
 def train_stages(data_cfg, seed: int) -> list[tuple[int, object]]:
     """The training sets in the order training draws from them, each with the step it starts at: one set, or with
-    `data.in_sequence_from_step` > 0 dense sequences only (in_sequence_prob 0) before that step, then the mix."""
+    `data.in_sequence_from_step` > 0 a set with in_sequence_prob = `data.in_sequence_prob_before` (0: dense) before
+    that step, then the configured mix."""
     if data_cfg.in_sequence_from_step == 0:
         return [(0, train_set(data_cfg, "train", seed))]
-    dense = dataclasses.replace(data_cfg, in_sequence_prob=0.0, in_sequence_from_step=0)
-    return [(0, train_set(dense, "train", seed)), (data_cfg.in_sequence_from_step, train_set(data_cfg, "train", seed))]
+    before = dataclasses.replace(data_cfg, in_sequence_prob=data_cfg.in_sequence_prob_before, in_sequence_from_step=0)
+    return [(0, train_set(before, "train", seed)), (data_cfg.in_sequence_from_step, train_set(data_cfg, "train", seed))]
 
 
 def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *, task: str = "kv_lookup",
