@@ -11,9 +11,9 @@ The prefix p is uniform on 0..max_prefix_pad (default 71 = 3 * 24 - 1, so p mod 
 modulo every stride dividing 24, is exactly uniform; and 71 covers the filler of the default phase evaluation for 16
 records, whose max_pad is 65). With probability ``in_sequence_prob`` the remaining filler is spread over the gaps
 after each record (multinomially) instead of sitting in one block after the last record, so the model also sees
-records that do not move in lockstep. ``in_sequence_from_step`` > 0 is a curriculum: training draws from a set generated with
-``in_sequence_prob_before`` (default 0: dense sequences only; 1: in-sequence only) before that step and from the
-configured mix from it on (``phasefix.data.select.train_stages``).
+records that do not move in lockstep. ``in_sequence_from_step`` > 0 is a curriculum: training draws from a set
+generated with ``in_sequence_prob_before`` (default 0: dense sequences only; 1: in-sequence only) before that step
+and from the configured mix from it on (``phasefix.data.select.train_stages``).
 """
 from __future__ import annotations
 
