@@ -94,7 +94,8 @@ def test_train_config_errors_name_the_key(field, value, key):
 
 
 def test_in_sequence_curriculum_needs_a_change_to_switch_to():
-    with pytest.raises(ConfigError, match=r"data\.in_sequence_from_step=100 .*in_sequence_prob=data\.in_sequence_prob_before=0"):
+    equal = r"data\.in_sequence_from_step=100 .*in_sequence_prob=data\.in_sequence_prob_before=0"
+    with pytest.raises(ConfigError, match=equal):
         RetrievalConfig(in_sequence_prob=0.0, in_sequence_from_step=100)
     with pytest.raises(ConfigError, match=r"data\.in_sequence_from_step=100 .*=1\.0 "):
         RetrievalConfig(in_sequence_prob=1.0, in_sequence_prob_before=1.0, in_sequence_from_step=100)
