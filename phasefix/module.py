@@ -21,7 +21,6 @@ from phasefix.mitigations.gates import effective_slots, static_gate_distribution
 from phasefix.model import CompressedQwen3, ModelConfig
 from phasefix.predict import query_predictions
 from phasefix import tracking
-from phasefix.tracking import phase_metric
 
 
 class PhaseFixModule(L.LightningModule):
@@ -120,7 +119,7 @@ class PhaseFixModule(L.LightningModule):
         for padding, metric in zip(self.paddings, self.val_acc):
             res = metric.compute()
             for key in ("acc_mean", "acc_worst", "acc_gap"):
-                self.log(phase_metric("val", padding, key), float(res[key]), sync_dist=False)
+                self.log(tracking.phase_metric("val", padding, key), float(res[key]), sync_dist=False)
             metric.reset()
         if self.needs_gates and self.trainer.is_global_zero:
             self.log_gate_stats()
