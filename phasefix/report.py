@@ -211,11 +211,13 @@ def _fmt(v, digits: int = 3) -> str:
 
 
 def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
+    # 6 digits: the headline reads these tables back and prints 3, which 4 stored digits could round twice
+    # (0.78153 -> 0.7815 -> 0.781)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         w.writeheader()
         for row in rows:
-            w.writerow({k: _fmt(row.get(k, ""), 0 if k == "period_detected" else 4) for k in columns})
+            w.writerow({k: _fmt(row.get(k, ""), 0 if k == "period_detected" else 6) for k in columns})
 
 
 def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:

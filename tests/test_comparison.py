@@ -126,6 +126,10 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     assert hrows[1]["goal_met"] == 3 and hrows[1]["acc_worst"] == 0.95
     md = (tmp_path / "h" / "headline.md").read_text()
     assert "| w8s8 | token_shift | prefix | 3/3 | 1.000 | 0.950 |" in md and f"`{b}` |" in md
+    # read back, a mean prints as the table's own markdown prints it: (0.7335 + 0.7101 + 0.9010) / 3 = 0.78153
+    write_csv(b / "decisive.csv", [_drow("w8s8", "baseline", "prefix", 3, 3, 0.78153, 0.3, 0)], comparison.COLUMNS)
+    headline_from_tables([str(b)], tmp_path / "h")
+    assert "| w8s8 | baseline | prefix | 3/3 | 0.782 |" in (tmp_path / "h" / "headline.md").read_text()
     for specs, says in (([str(a), str(b)], "repeats regime w8s8"), ([f"{a}:w6s6"], "has no regime w6s6"),
                         ([str(tmp_path)], "decisive.csv")):
         with pytest.raises(ConfigError, match=says):
