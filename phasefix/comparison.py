@@ -68,11 +68,14 @@ def worst_excluding_boundary(curve: Sequence[float], stride: int) -> float:
     return min(vals) if vals else math.nan
 
 
-def run_facts(run) -> dict:
-    """What the comparison needs from one MLflow run beyond `report.collect`'s row: regime, arm, learned, costs."""
+def run_facts(run, source=None) -> dict:
+    """What the comparison needs from one MLflow run beyond `report.collect`'s row: regime, arm, learned, costs.
+    `source`: the fit run that `run` (an evaluate run) re-scored: what the model is (regime, arm, task, costs) comes
+    from it, the accuracy from `run`."""
     from phasefix.tracking import phase_metric
 
-    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    params, tags = (source or run).data.params, (source or run).data.tags
+    metrics = run.data.metrics
     facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm", ""),
              "learned": learned(metrics.get(phase_metric("final", "prefix", "acc_mean"), math.nan), params),
              "compressor_flops_per_token": math.nan, "cache_entries_per_token": math.nan}

@@ -11,7 +11,8 @@ outputs/reports/<date>-<time>):
   phase_curves.png                 the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
   decisive.csv / decisive.md       runs tagged `regime` and `arm`: one row per regime, arm and padding over the seeds
                                    that learned, goal met, costs (phasefix.comparison); headline.md: each regime's
-                                   baseline and best arm at equal cache entries per token
+                                   baseline and best arm at equal cache entries per token. An evaluate run of such
+                                   a run (a re-scoring) joins as that run, with its own accuracy
   phase_grid_<padding>.png         one panel per regime and arm: seeds faint, mean with a min-max band, boundary marked
   worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
@@ -311,13 +312,35 @@ def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
     return out
 
 
+def rescored_sources(c, runs: Sequence) -> dict:
+    """{evaluate run id: the regime-tagged fit run it re-scored (tag phasefix.source_run)}, so that a re-scoring
+    (e.g. more prompts per residue) joins the decisive table as the run it measured; a source no longer in the store
+    is left out."""
+    from mlflow.exceptions import MlflowException
+
+    out = {}
+    for r in runs:
+        sid = r.data.tags.get("phasefix.source_run")
+        if not sid or r.data.tags.get("regime"):
+            continue
+        try:
+            src = c.get_run(sid)
+        except MlflowException:
+            continue
+        if src.data.tags.get("regime"):
+            out[r.info.run_id] = src
+    return out
+
+
 def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> tuple[list[str], list[dict]]:
     """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), the headline rows
     (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots). Returns the files
     written and the table's rows."""
     from phasefix import comparison, plots, tracking
 
-    facts = {r.info.run_id: comparison.run_facts(r) for r in runs if r.data.tags.get("regime")}
+    sources = rescored_sources(c, runs)
+    facts = {r.info.run_id: comparison.run_facts(r, sources.get(r.info.run_id)) for r in runs
+             if r.data.tags.get("regime") or r.info.run_id in sources}
     if not facts:
         return [], []
     drows = comparison.decisive_rows(rows, curves, facts)
@@ -331,7 +354,8 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
             files.append(f"phase_grid_{pad}.png")
     plots.save(plots.worst_vs_mean(rows, facts), out / "worst_vs_mean.png")
     reported = {r["run_id"] for r in rows}  # the loss figure shows the table's runs, not the unfinished ones
-    losses = {rid: tracking.metric_curve(c, rid, "train/loss") for rid in facts if rid in reported}
+    trained = {rid: sources[rid].info.run_id if rid in sources else rid for rid in facts}
+    losses = {rid: tracking.metric_curve(c, trained[rid], "train/loss") for rid in facts if rid in reported}
     plots.save(plots.loss_curves(losses, facts), out / "train_loss.png")
     return files + ["worst_vs_mean.png", "train_loss.png"], drows
 

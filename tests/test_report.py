@@ -288,3 +288,41 @@ def test_a_recorded_command_gives_the_shell_back_the_same_overrides_and_the_tag_
     cfg = compose([*fit_args, tracking.command_override(fit_args)])
     assert cfg.logger.tags.command == tracking.shell_command("fit", fit_args)
     assert shlex.split(cfg.logger.tags.command)[3:] == fit_args
+
+
+def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, monkeypatch):
+    """Evaluate runs of regime-tagged fits (tag phasefix.source_run), in their own experiment: regime, arm, costs and
+    the loss curve come from the fit, the accuracy from the re-scoring; a re-scoring of a vanished run is left out."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    fits = tracking.get_or_create_experiment(c, "fits")
+    rescore = tracking.get_or_create_experiment(c, "rescore")
+    params = {"model.window": "4", "model.stride": "4", "data.num_values": "32"}
+    expected = {}
+    for arm, window in (("baseline", "4"), ("window_s+1", "5")):
+        # the fits dip at the boundary phase; re-scored, the baseline still dips and the arm is flat
+        fit = log_run(c, fits, f"{arm}-s0", "fit", 0, 0.95, 0.6, {"regime": "w4s4", "arm": arm})
+        tracking.log_params(c, fit, {**params, "model.window": window})
+        tracking.log_metric_values(c, fit, {}, {"train/loss": [3.0, 1.0 if arm == "baseline" else 0.5]})
+        dip = 0.6 if arm == "baseline" else 0.0
+        rid = log_run(c, rescore, f"{arm}-s0-pr192", "evaluate", 7, 0.95, dip, {"phasefix.source_run": fit})
+        expected[arm] = (rid, phase_result(7 + 1, 0.95, dip), 1.0 if arm == "baseline" else 0.5)
+    gone = log_run(c, rescore, "gone-pr192", "evaluate", 9, 0.9, 0.0, {"phasefix.source_run": "0" * 32})
+    from phasefix import plots
+    drawn, draw = {}, plots.loss_curves
+
+    def spy(losses, facts):
+        drawn.update(losses)
+        return draw(losses, facts)
+    monkeypatch.setattr(plots, "loss_curves", spy)
+    res = report([f"tracking_uri={uri}", "experiment=rescore", f"out={tmp_path / 'out'}", "log=false"])
+    assert gone in res["runs"] and "decisive.csv" in res["files"]
+    rows = {(r["arm"], r["padding"]): r for r in csv.DictReader(open(tmp_path / "out" / "decisive.csv"))}
+    assert {r["regime"] for r in rows.values()} == {"w4s4"} and len(rows) == 4  # the vanished source's run: no row
+    for arm, (rid, prefix, last_loss) in expected.items():
+        row = rows[(arm, "prefix")]
+        assert float(row["acc_mean"]) == pytest.approx(float(prefix["acc_mean"]), abs=1e-6)
+        assert float(row["acc_worst"]) == pytest.approx(float(prefix["acc_worst"]), abs=1e-6)
+        assert drawn[rid][-1] == pytest.approx(last_loss)  # the fit's training loss, drawn for the re-scoring
+    assert rows[("baseline", "prefix")]["goal_met"] == "0" and rows[("window_s+1", "prefix")]["goal_met"] == "1"
+    assert float(rows[("window_s+1", "prefix")]["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
