@@ -343,6 +343,9 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
              if r.data.tags.get("regime") or r.info.run_id in sources}
     if not facts:
         return [], []
+    for rid, src in sources.items():  # a re-scoring did not train: the cost and text loss are its fit's
+        summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
+        facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
     drows = comparison.decisive_rows(rows, curves, facts)
     write_csv(out / "decisive.csv", drows, comparison.COLUMNS)
     (out / "decisive.md").write_text(comparison.markdown(drows))

@@ -304,6 +304,7 @@ def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, m
         fit = log_run(c, fits, f"{arm}-s0", "fit", 0, 0.95, 0.6, {"regime": "w4s4", "arm": arm})
         tracking.log_params(c, fit, {**params, "model.window": window})
         tracking.log_metric_values(c, fit, {}, {"train/loss": [3.0, 1.0 if arm == "baseline" else 0.5]})
+        c.log_dict(fit, {"train_seconds": 100.0 if arm == "baseline" else 120.0}, "summary.json")
         dip = 0.6 if arm == "baseline" else 0.0
         rid = log_run(c, rescore, f"{arm}-s0-pr192", "evaluate", 7, 0.95, dip, {"phasefix.source_run": fit})
         expected[arm] = (rid, phase_result(7 + 1, 0.95, dip), 1.0 if arm == "baseline" else 0.5)
@@ -326,3 +327,5 @@ def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, m
         assert drawn[rid][-1] == pytest.approx(last_loss)  # the fit's training loss, drawn for the re-scoring
     assert rows[("baseline", "prefix")]["goal_met"] == "0" and rows[("window_s+1", "prefix")]["goal_met"] == "1"
     assert float(rows[("window_s+1", "prefix")]["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
+    assert float(rows[("baseline", "prefix")]["train_seconds"]) == 100.0  # the fit's training time
+    assert float(rows[("window_s+1", "in_sequence")]["train_seconds"]) == 120.0
