@@ -99,6 +99,10 @@ def test_the_headline_arm_is_judged_on_every_padding_at_the_baselines_cache_size
     best = comparison.best_rows(rows)
     assert [(r["arm"], r["padding"]) for r in best] == [("baseline", "in_sequence"), ("baseline", "prefix"),
                                                         ("both", "in_sequence"), ("both", "prefix")]
+    # a single seed meeting the goal everywhere with a higher worst residue does not outrank three seeds doing it
+    three = [_drow("w8s8", "three", p, 3, 3, 0.95, 0.88, 3) for p in ("in_sequence", "prefix")]
+    one = [_drow("w8s8", "one", p, 1, 1, 0.95, 0.89, 1) for p in ("in_sequence", "prefix")]
+    assert {r["arm"] for r in comparison.best_rows(rows + one + three)} == {"baseline", "three"}
 
 
 def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folders(tmp_path):
