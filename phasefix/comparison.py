@@ -96,9 +96,12 @@ def _mean_sd(vals: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else math.nan)
 
 
-def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping]) -> list[dict]:
+def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping],
+                  joined: Sequence[Mapping] = (), table: str = "") -> list[dict]:
     """One row per (regime, arm, padding) of the runs tagged with a regime; `rows`, `curves` from report.collect,
-    `facts` {run_id: run_facts(run)}. Baseline rows come first in each regime."""
+    `facts` {run_id: run_facts(run)}. `joined`: committed rows (`read_table`) of other arms of these regimes, kept as
+    they are; their baseline's mean is the goal's bar where the runs have no baseline; the new rows then name
+    `table`. Baseline rows come first in each regime."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         f = facts.get(r["run_id"], {})
@@ -113,10 +116,12 @@ def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, 
         if arm == BASELINE_ARM:
             base_mean[(regime, pad)] = _mean_sd([m["acc_mean"] for m in members if m["learned"]])[0]
             base_mean[(regime, pad, "lm")] = _mean_sd([_num(m.get("lm_loss")) for m in members])[0]
+    for j in joined:  # a committed baseline row is the mean over its learned seeds, as above
+        if j["arm"] == BASELINE_ARM:
+            base_mean.setdefault((j["regime"], j["padding"]), j["acc_mean"] if j["learned"] else math.nan)
+            base_mean.setdefault((j["regime"], j["padding"], "lm"), j["lm_loss"])
     out = []
-    order = sorted(groups, key=lambda k: (k[0], k[1] != BASELINE_ARM, k[1], k[2]))
-    for regime, arm, pad in order:
-        members = groups[(regime, arm, pad)]
+    for (regime, arm, pad), members in groups.items():
         ok = [m for m in members if m["learned"]]
         bm = base_mean.get((regime, pad), math.nan)
         row = {"regime": regime, "arm": arm, "padding": pad, "seeds": len(members), "learned": len(ok),
@@ -132,8 +137,8 @@ def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, 
             row[k] = members[0].get(k, math.nan)
         lm0 = base_mean.get((regime, pad, "lm"), math.nan)
         row["lm_loss_change"] = (row["lm_loss"] / lm0 - 1.0) if lm0 and not math.isnan(lm0) else math.nan
-        out.append(row)
-    return out
+        out.append({**row, "table": table} if joined else row)
+    return sorted(out + list(joined), key=lambda r: (r["regime"], r["arm"] != BASELINE_ARM, r["arm"], r["padding"]))
 
 
 def best_rows(drows: Sequence[Mapping]) -> list[dict]:
@@ -162,7 +167,7 @@ def best_rows(drows: Sequence[Mapping]) -> list[dict]:
 
 
 INT_COLUMNS = ("seeds", "learned", "goal_met")
-TEXT_COLUMNS = ("regime", "arm", "padding", "run_ids")
+TEXT_COLUMNS = ("regime", "arm", "padding", "run_ids", "table")
 
 
 def read_table(path) -> list[dict]:

@@ -22,6 +22,11 @@ outputs/reports/<date>-<time>):
 cache entries per token, every padding, the source table named per row) from committed report folders'
 `decisive.csv`, one table per regime (docs/results.md opens with it).
 
+`join=DIR,...` grows a committed comparison with new runs when its own runs are no longer in this store (a fresh
+machine): the committed `decisive.csv` rows of the selected runs' regimes are carried into the new decisive table
+(each naming its table), and a new arm whose regime has no baseline run in the selection is judged against the
+committed baseline's mean. An arm is in one table only: seeds are not pooled across tables.
+
 Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix) whose tags match all
 `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
 to a new MLflow run tagged `phasefix.kind=report` (`log=false` skips it). `tracking_uri=` picks the store.
@@ -51,7 +56,7 @@ KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
-OPTIONS = ("experiment", "runs", "tables", "kind", "tracking_uri", "out", "log", "verbose", "experiment_name")
+OPTIONS = ("experiment", "runs", "tables", "join", "kind", "tracking_uri", "out", "log", "verbose", "experiment_name")
 
 
 @dataclass
@@ -61,6 +66,7 @@ class ReportConfig:
     tag: dict[str, str] = field(default_factory=dict)  # `tag.KEY=VALUE`: runs whose tag KEY is VALUE
     kind: list[str] = field(default_factory=lambda: list(KINDS))
     tables: list[str] = field(default_factory=list)  # committed report folders (`DIR` or `DIR:REGIME+REGIME`): headline
+    join: list[str] = field(default_factory=list)  # committed report folders whose regimes the new runs extend
     tracking_uri: str | None = None
     out: str | None = None  # default outputs/reports/<date>-<time>
     log: bool = True  # log the report to a new MLflow run
@@ -88,7 +94,7 @@ def shim(argv: Sequence[str]) -> list[str]:
         check_choice("option", bare, OPTIONS + ("tag.KEY",))
         if bare == "experiment":
             bare = "experiment_name"
-        if bare in ("runs", "kind", "tables") and not value.startswith("["):
+        if bare in ("runs", "kind", "tables", "join") and not value.startswith("["):
             value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
         elif bare in ("experiment_name", "tracking_uri", "out") and not value.startswith(("'", '"')):
             value = quoted(value)
@@ -111,7 +117,30 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
           "selects runs by id: drop experiment= and tag.* (or drop runs=)")
     check(not (cfg.tables and (cfg.runs or cfg.tag or cfg.experiment_name)), "tables", ",".join(cfg.tables),
           "builds the headline from committed tables, not from MLflow: drop runs=, experiment= and tag.*")
+    check(not (cfg.tables and cfg.join), "join", ",".join(cfg.join), "extends a report of MLflow runs: drop tables=")
     return cfg
+
+
+def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]]) -> list[dict]:
+    """The committed `decisive.csv` rows (report folders `specs`) of the regimes in `tagged` {(regime, arm)} of the
+    selected runs, each naming its table; checked before anything is written: every folder has a table, shares a
+    regime with the selection and holds none of its arms (seeds are not pooled across tables)."""
+    from phasefix import comparison
+
+    regimes, rows, seen = {r for r, _ in tagged}, [], {}
+    for folder in specs:
+        path = Path(folder) / "decisive.csv"
+        check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
+        got = [r for r in comparison.read_table(path) if r["regime"] in regimes]
+        check(bool(got), "join", folder, f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
+        for r in got:
+            key = (r["regime"], r["arm"])
+            check(key not in tagged, "join", folder, f"holds arm {key[1]} of regime {key[0]} too, and seeds are not "
+                  f"pooled across tables: tag the new runs with another arm, or report them without join=")
+            check(seen.setdefault(key, folder) == folder, "join", folder,
+                  f"repeats arm {key[1]} of regime {key[0]}, already in {seen.get(key)}")
+            rows.append({**r, "table": r.get("table") or folder})
+    return rows
 
 
 def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], list[dict]]:
@@ -137,7 +166,7 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
                   f"repeats regime {regime}, already taken from {source.get(regime)}: name one table per regime "
                   f"(DIR:REGIME)")
             source[regime] = folder
-        rows += [{**r, "table": folder} for r in got]
+        rows += [{**r, "table": r.get("table") or folder} for r in got]  # a joined table names each row's own
     hrows = comparison.best_rows(rows)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
@@ -332,13 +361,21 @@ def rescored_sources(c, runs: Sequence) -> dict:
     return out
 
 
-def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping) -> tuple[list[str], list[dict]]:
-    """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), the headline rows
-    (each regime's baseline and best arm at equal cache entries) and the figures (phasefix.plots). Returns the files
-    written and the table's rows."""
+def regime_arms(runs: Sequence, sources: Mapping) -> set[tuple[str, str]]:
+    """{(regime, arm)} of the regime-tagged runs and re-scorings among `runs`."""
+    from phasefix.comparison import BASELINE_ARM
+
+    tags = [(sources.get(r.info.run_id) or r).data.tags for r in runs]
+    return {(t["regime"], t.get("arm") or BASELINE_ARM) for t in tags if t.get("regime")}
+
+
+def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping, sources: Mapping,
+             joined: Sequence[Mapping] = (), table: str = "") -> tuple[list[str], list[dict]]:
+    """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), with `joined`'s
+    committed rows (new rows naming `table`), the headline rows (each regime's baseline and best arm at equal cache
+    entries) and the figures of the new runs (phasefix.plots). Returns the files written and the table's rows."""
     from phasefix import comparison, plots, tracking
 
-    sources = rescored_sources(c, runs)
     facts = {r.info.run_id: comparison.run_facts(r, sources.get(r.info.run_id)) for r in runs
              if r.data.tags.get("regime") or r.info.run_id in sources}
     if not facts:
@@ -346,8 +383,8 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
     for rid, src in sources.items():  # a re-scoring did not train: the cost and text loss are its fit's
         summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
         facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
-    drows = comparison.decisive_rows(rows, curves, facts)
-    write_csv(out / "decisive.csv", drows, comparison.COLUMNS)
+    drows = comparison.decisive_rows(rows, curves, facts, joined, table)
+    write_csv(out / "decisive.csv", drows, comparison.COLUMNS + (("table",) if joined else ()))
     (out / "decisive.md").write_text(comparison.markdown(drows))
     (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
     files = ["decisive.csv", "decisive.md", "headline.md"]
@@ -385,6 +422,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
+    sources = rescored_sources(c, runs)
+    joined = joined_rows(list(cfg.join), regime_arms(runs, sources)) if cfg.join else []
 
     out = out_dir(opts["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -398,7 +437,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
-        written, drows = decisive(c, out, runs, rows, curves)
+        written, drows = decisive(c, out, runs, rows, curves, sources, joined, str(opts["out"] or out))
         files += written
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")

@@ -329,3 +329,57 @@ def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, m
     assert float(rows[("window_s+1", "prefix")]["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
     assert float(rows[("baseline", "prefix")]["train_seconds"]) == 100.0  # the fit's training time
     assert float(rows[("window_s+1", "in_sequence")]["train_seconds"]) == 120.0
+
+
+def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp_path):
+    """A fresh store holds only a new arm's two seeds (flat at ~0.95); the regime's baseline and another arm are in
+    committed report folders. Joined, the table carries those rows (naming their folder) and the new arm meets the
+    goal against the committed baseline mean (0.90), not against a higher one (0.99); a folder that holds the new
+    arm too, or none of its regimes, is refused before anything is written."""
+    from phasefix import comparison
+    from phasefix.errors import ConfigError
+    from phasefix.report import headline_from_tables, write_csv
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    exp = tracking.get_or_create_experiment(c, "grow")
+    for seed in (0, 1):
+        rid = log_run(c, exp, f"w5-s{seed}", "fit", seed, 0.95, 0.0, {"regime": "w4s4", "arm": "window_s+1"})
+        tracking.log_params(c, rid, {"model.window": "5", "model.stride": "4", "data.num_values": "32"})
+
+    def committed(name, rows):
+        folder = tmp_path / name
+        folder.mkdir()
+        full = [{"acc_mean_sd": math.nan, "acc_worst_sd": math.nan, "worst_excl_boundary": r[5], "acc_gap": r[4] - r[5],
+                 "period": 4.0, "train_seconds": 10.0, "compressor_flops_per_token": 33792.0,
+                 "cache_entries_per_token": 1.0, "lm_loss": math.nan, "lm_loss_change": math.nan,
+                 "regime": r[0], "arm": r[1], "padding": p, "seeds": 3, "learned": r[2], "acc_mean": r[4],
+                 "acc_worst": r[5], "goal_met": r[3], "run_ids": f"{r[1][:4]}0000"}
+                for r in rows for p in ("in_sequence", "prefix")]
+        write_csv(folder / "decisive.csv", full, comparison.COLUMNS)
+        return folder
+
+    low = committed("low", [("w4s4", "baseline", 3, 0, 0.90, 0.20), ("w4s4", "token_shift", 3, 1, 0.91, 0.60),
+                            ("w8s8", "baseline", 3, 0, 0.80, 0.20)])
+    high = committed("high", [("w4s4", "baseline", 3, 0, 0.99, 0.20)])
+    res = report([f"tracking_uri={uri}", "experiment=grow", f"join={low}", f"out={tmp_path / 'a'}", "log=false"])
+    rows = {(r["arm"], r["padding"]): r for r in read_csv(tmp_path / "a" / "decisive.csv")}
+    assert {r["regime"] for r in rows.values()} == {"w4s4"} and len(rows) == 6  # w8s8 is not this comparison's
+    assert [r["arm"] for r in res["decisive"]] == ["baseline"] * 2 + ["token_shift"] * 2 + ["window_s+1"] * 2
+    assert rows[("baseline", "prefix")]["table"] == str(low) and rows[("baseline", "prefix")]["run_ids"] == "base0000"
+    assert rows[("token_shift", "prefix")]["goal_met"] == "1" and rows[("window_s+1", "prefix")]["table"] == \
+        str(tmp_path / "a")
+    assert rows[("window_s+1", "prefix")]["goal_met"] == "2" and rows[("window_s+1", "in_sequence")]["goal_met"] == "2"
+    assert "| w4s4 | window_s+1 | prefix | 2/2 |" in (tmp_path / "a" / "headline.md").read_text()
+    _, hrows = headline_from_tables([str(tmp_path / "a")], tmp_path / "h")  # each row keeps its own table
+    assert [(r["arm"], r["table"]) for r in hrows][::2] == [("baseline", str(low)), ("window_s+1", str(tmp_path / "a"))]
+    report([f"tracking_uri={uri}", "experiment=grow", f"join={high}", f"out={tmp_path / 'b'}", "log=false"])
+    rows = {(r["arm"], r["padding"]): r for r in read_csv(tmp_path / "b" / "decisive.csv")}
+    assert rows[("window_s+1", "prefix")]["goal_met"] == "0"  # ~0.95 is below the committed baseline's 0.99
+    clash = committed("clash", [("w4s4", "window_s+1", 3, 3, 0.95, 0.9)])
+    other = committed("other", [("w8s8", "baseline", 3, 0, 0.8, 0.2)])
+    for folder, says in ((clash, "holds arm window_s\\+1 of regime w4s4 too"), (other, "has no regime of the selected"),
+                         (tmp_path / "none", "decisive.csv")):
+        with pytest.raises(ConfigError, match=says):
+            report([f"tracking_uri={uri}", "experiment=grow", f"join={folder}", f"out={tmp_path / 'c'}", "log=false"])
+        assert not (tmp_path / "c").exists()
