@@ -96,21 +96,37 @@ def _mean_sd(vals: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else math.nan)
 
 
-def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping],
-                  joined: Sequence[Mapping] = (), table: str = "") -> list[dict]:
-    """One row per (regime, arm, padding) of the runs tagged with a regime; `rows`, `curves` from report.collect,
-    `facts` {run_id: run_facts(run)}. `joined`: committed rows (`read_table`) of other arms of these regimes, kept as
-    they are; their baseline's mean is the goal's bar where the runs have no baseline; the new rows then name
-    `table`. Baseline rows come first in each regime."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+MEMBER_COLUMNS = ("run_id", "run_name", "regime", "arm", "padding", "learned", "acc_mean", "acc_worst",
+                  "worst_excl_boundary", "acc_gap", "period_detected", "train_seconds", "lm_loss",
+                  "compressor_flops_per_token", "cache_entries_per_token", "table")
+
+
+def run_members(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping]) -> list[dict]:
+    """One member per regime-tagged run and padding: what `decisive_rows` aggregates over seeds (`rows`, `curves`
+    from report.collect, `facts` {run_id: run_facts(run)}); written per run to `decisive_runs.csv` so that a later
+    report can pool new seeds with these (`read_members`)."""
+    out = []
     for r in rows:
         f = facts.get(r["run_id"], {})
         if not f.get("regime"):
             continue
         stride = f.get("stride") or int(_num(r.get("stride")) or 1)
         curve = curves.get((r["run_id"], r["padding"])) or []
-        groups.setdefault((f["regime"], f["arm"] or BASELINE_ARM, r["padding"]), []).append(
-            {**r, **f, "worst_excl_boundary": worst_excluding_boundary(curve, stride) if curve else math.nan})
+        out.append({**r, **f, "arm": f["arm"] or BASELINE_ARM,
+                    "worst_excl_boundary": worst_excluding_boundary(curve, stride) if curve else math.nan})
+    return out
+
+
+def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping],
+                  joined: Sequence[Mapping] = (), table: str = "", pooled: Sequence[Mapping] = ()) -> list[dict]:
+    """One row per (regime, arm, padding) of the runs tagged with a regime; `rows`, `curves` from report.collect,
+    `facts` {run_id: run_facts(run)}; `pooled`: committed runs (`read_members`) pooled with them as more seeds.
+    `joined`: committed rows (`read_table`) of other arms of these regimes, kept as they are; their baseline's mean
+    is the goal's bar where the runs have no baseline; the new rows then name `table`. Baseline rows come first in
+    each regime."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for m in [*run_members(rows, curves, facts), *pooled]:
+        groups.setdefault((m["regime"], m["arm"], m["padding"]), []).append(m)
     base_mean = {}
     for (regime, arm, pad), members in groups.items():
         if arm == BASELINE_ARM:
@@ -137,7 +153,7 @@ def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, 
             row[k] = members[0].get(k, math.nan)
         lm0 = base_mean.get((regime, pad, "lm"), math.nan)
         row["lm_loss_change"] = (row["lm_loss"] / lm0 - 1.0) if lm0 and not math.isnan(lm0) else math.nan
-        out.append({**row, "table": table} if joined else row)
+        out.append({**row, "table": table} if joined or pooled else row)
     return sorted(out + list(joined), key=lambda r: (r["regime"], r["arm"] != BASELINE_ARM, r["arm"], r["padding"]))
 
 
@@ -188,6 +204,18 @@ def read_table(path) -> list[dict]:
         row["baseline_learned"] = bool(base) and int(base[0]["learned"]) > 0
         out.append(row)
     return out
+
+
+def read_members(path) -> list[dict]:
+    """The runs of a committed `decisive_runs.csv` as `run_members` made them (learned back to a bool)."""
+    import csv
+
+    with open(path, newline="") as f:
+        return [{k: (v == "True" if k == "learned" else v if k in MEMBER_TEXT else _num(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+
+
+MEMBER_TEXT = ("run_id", "run_name", "regime", "arm", "padding", "table")
 
 
 def _pm(m: float, sd: float) -> str:

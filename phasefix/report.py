@@ -13,6 +13,7 @@ outputs/reports/<date>-<time>):
                                    that learned, goal met, costs (phasefix.comparison); headline.md: each regime's
                                    baseline and best arm at equal cache entries per token. An evaluate run of such
                                    a run (a re-scoring) joins as that run, with its own accuracy
+  decisive_runs.csv                each of those runs' facts per padding, for a later `join=`
   phase_grid_<padding>.png         one panel per regime and arm: seeds faint, mean with a min-max band, boundary marked
   worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
@@ -23,9 +24,9 @@ cache entries per token, every padding, the source table named per row) from com
 `decisive.csv`, one table per regime (docs/results.md opens with it).
 
 `join=DIR,...` grows a committed comparison with new runs when its own runs are no longer in this store (a fresh
-machine): the committed `decisive.csv` rows of the selected runs' regimes are carried into the new decisive table
-(each naming its table), and a new arm whose regime has no baseline run in the selection is judged against the
-committed baseline's mean. An arm is in one table only: seeds are not pooled across tables.
+machine): the runs of the selected runs' regimes in DIR's `decisive_runs.csv` are pooled with them as more seeds,
+and an arm DIR has only as a `decisive.csv` row (older tables) is carried as it is, each row naming its table; a
+new arm is judged against the committed baseline's mean where the selection has no baseline run of its regime.
 
 Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix) whose tags match all
 `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
@@ -121,26 +122,39 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
     return cfg
 
 
-def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]]) -> list[dict]:
-    """The committed `decisive.csv` rows (report folders `specs`) of the regimes in `tagged` {(regime, arm)} of the
-    selected runs, each naming its table; checked before anything is written: every folder has a table, shares a
-    regime with the selection and holds none of its arms (seeds are not pooled across tables)."""
+def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
+                selected: set[str]) -> tuple[list[dict], list[dict]]:
+    """What the committed report folders `specs` hold of the regimes in `tagged` {(regime, arm)} of the selected runs
+    (ids `selected`): (aggregate rows of arms kept as they are, runs to pool as more seeds). A folder's runs come from
+    its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written before that file) joins as
+    that row, so no new run may be of that arm. Checked before anything is written."""
     from phasefix import comparison
 
-    regimes, rows, seen = {r for r, _ in tagged}, [], {}
+    regimes, rows, members, taken = {r for r, _ in tagged}, [], [], {}
     for folder in specs:
-        path = Path(folder) / "decisive.csv"
+        path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
         check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        got = [r for r in comparison.read_table(path) if r["regime"] in regimes]
-        check(bool(got), "join", folder, f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
+        runs = [m for m in (comparison.read_members(runs_path) if runs_path.is_file() else ())
+                if m["regime"] in regimes]
+        pooled = {(m["regime"], m["arm"]) for m in runs}
+        got = [r for r in comparison.read_table(path)
+               if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled]
+        check(bool(got or runs), "join", folder,
+              f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
+        for m in runs:
+            check(m["run_id"] not in selected, "join", folder, f"holds run {m['run_id'][:8]}, selected here too")
+            check(taken.setdefault(m["run_id"], folder) == folder, "join", folder,
+                  f"repeats run {m['run_id'][:8]}, already in {taken.get(m['run_id'])}")
         for r in got:
             key = (r["regime"], r["arm"])
-            check(key not in tagged, "join", folder, f"holds arm {key[1]} of regime {key[0]} too, and seeds are not "
-                  f"pooled across tables: tag the new runs with another arm, or report them without join=")
-            check(seen.setdefault(key, folder) == folder, "join", folder,
-                  f"repeats arm {key[1]} of regime {key[0]}, already in {seen.get(key)}")
+            check(key not in tagged | {(m["regime"], m["arm"]) for m in members + runs}, "join", folder,
+                  f"has arm {key[1]} of regime {key[0]} only as a table row (aggregates, not seeds), and runs of that "
+                  f"arm join too: tag the new runs with another arm")
+            check(taken.setdefault(key, folder) == folder, "join", folder,
+                  f"repeats arm {key[1]} of regime {key[0]}, already in {taken.get(key)}")
             rows.append({**r, "table": r.get("table") or folder})
-    return rows
+        members += [{**m, "table": m["table"] or folder} for m in runs]
+    return rows, members
 
 
 def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], list[dict]]:
@@ -370,10 +384,12 @@ def regime_arms(runs: Sequence, sources: Mapping) -> set[tuple[str, str]]:
 
 
 def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping, sources: Mapping,
-             joined: Sequence[Mapping] = (), table: str = "") -> tuple[list[str], list[dict]]:
-    """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison), with `joined`'s
-    committed rows (new rows naming `table`), the headline rows (each regime's baseline and best arm at equal cache
-    entries) and the figures of the new runs (phasefix.plots). Returns the files written and the table's rows."""
+             joined: Sequence[Mapping] = (), pooled: Sequence[Mapping] = (),
+             table: str = "") -> tuple[list[str], list[dict]]:
+    """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison) with the committed
+    runs `pooled` and rows `joined` (`joined_rows`; new rows naming `table`), each run's facts (decisive_runs.csv),
+    the headline rows (each regime's baseline and best arm at equal cache entries) and the figures of the new runs
+    (phasefix.plots). Returns the files written and the table's rows."""
     from phasefix import comparison, plots, tracking
 
     facts = {r.info.run_id: comparison.run_facts(r, sources.get(r.info.run_id)) for r in runs
@@ -383,11 +399,14 @@ def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapp
     for rid, src in sources.items():  # a re-scoring did not train: the cost and text loss are its fit's
         summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
         facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
-    drows = comparison.decisive_rows(rows, curves, facts, joined, table)
-    write_csv(out / "decisive.csv", drows, comparison.COLUMNS + (("table",) if joined else ()))
+    drows = comparison.decisive_rows(rows, curves, facts, joined, table, pooled)
+    write_csv(out / "decisive.csv", drows, comparison.COLUMNS + (("table",) if joined or pooled else ()))
+    members = [*comparison.run_members(rows, curves, facts), *pooled]  # each run's facts: a later join pools them
+    write_csv(out / "decisive_runs.csv", [{**m, "table": m.get("table") or table} for m in members],
+              comparison.MEMBER_COLUMNS)
     (out / "decisive.md").write_text(comparison.markdown(drows))
     (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
-    files = ["decisive.csv", "decisive.md", "headline.md"]
+    files = ["decisive.csv", "decisive_runs.csv", "decisive.md", "headline.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
             plots.save(plots.phase_grid(rows, curves, facts, pad), out / f"phase_grid_{pad}.png")
@@ -423,7 +442,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
     sources = rescored_sources(c, runs)
-    joined = joined_rows(list(cfg.join), regime_arms(runs, sources)) if cfg.join else []
+    joined, pooled = joined_rows(list(cfg.join), regime_arms(runs, sources), {r.info.run_id for r in runs}) \
+        if cfg.join else ([], [])
 
     out = out_dir(opts["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +457,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
-        written, drows = decisive(c, out, runs, rows, curves, sources, joined, str(opts["out"] or out))
+        written, drows = decisive(c, out, runs, rows, curves, sources, joined, pooled, str(opts["out"] or out))
         files += written
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")

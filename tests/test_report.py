@@ -333,9 +333,11 @@ def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, m
 
 def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp_path):
     """A fresh store holds only a new arm's two seeds (flat at ~0.95); the regime's baseline and another arm are in
-    committed report folders. Joined, the table carries those rows (naming their folder) and the new arm meets the
-    goal against the committed baseline mean (0.90), not against a higher one (0.99); a folder that holds the new
-    arm too, or none of its regimes, is refused before anything is written."""
+    committed report folders as table rows. Joined, the table carries those rows (naming their folder) and the new
+    arm meets the goal against the committed baseline mean (0.90), not against a higher one (0.99). A third seed in
+    another fresh store joins that report's folder and is pooled with its two runs (decisive_runs.csv). A folder
+    that has the new arm only as a row, or none of its regimes, or a run selected again, is refused before anything
+    is written."""
     from phasefix import comparison
     from phasefix.errors import ConfigError
     from phasefix.report import headline_from_tables, write_csv
@@ -378,8 +380,28 @@ def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp
     assert rows[("window_s+1", "prefix")]["goal_met"] == "0"  # ~0.95 is below the committed baseline's 0.99
     clash = committed("clash", [("w4s4", "window_s+1", 3, 3, 0.95, 0.9)])
     other = committed("other", [("w8s8", "baseline", 3, 0, 0.8, 0.2)])
-    for folder, says in ((clash, "holds arm window_s\\+1 of regime w4s4 too"), (other, "has no regime of the selected"),
-                         (tmp_path / "none", "decisive.csv")):
+    for folder, says in ((clash, "has arm window_s\\+1 of regime w4s4 only as a table row"),
+                         (tmp_path / "none", "decisive.csv"), (other, "has no regime of the selected"),
+                         (tmp_path / "a", "selected here too")):
         with pytest.raises(ConfigError, match=says):
             report([f"tracking_uri={uri}", "experiment=grow", f"join={folder}", f"out={tmp_path / 'c'}", "log=false"])
         assert not (tmp_path / "c").exists()
+
+    # the next machine: seed 2 alone in a fresh store, pooled with the two seeds of report a
+    c2 = tracking.client(f"sqlite:///{tmp_path / 'mlflow2.db'}")
+    third = log_run(c2, tracking.get_or_create_experiment(c2, "grow"), "w5-s2", "fit", 2, 0.95, 0.0,
+                    {"regime": "w4s4", "arm": "window_s+1"})
+    tracking.log_params(c2, third, {"model.window": "5", "model.stride": "4", "data.num_values": "32"})
+    report([f"tracking_uri=sqlite:///{tmp_path / 'mlflow2.db'}", "experiment=grow", f"join={tmp_path / 'a'}",
+            f"out={tmp_path / 'd'}", "log=false"])
+    rows = {(r["arm"], r["padding"]): r for r in read_csv(tmp_path / "d" / "decisive.csv")}
+    assert rows[("baseline", "prefix")]["table"] == str(low)  # still the committed row, named by its own table
+    pooled = rows[("window_s+1", "prefix")]
+    assert pooled["seeds"] == "3" and pooled["goal_met"] == "3" and third[:8] in pooled["run_ids"].split()
+    first = {r["run_id"]: r for r in read_csv(tmp_path / "a" / "decisive_runs.csv") if r["padding"] == "prefix"}
+    assert len(first) == 2 and all(rid[:8] in pooled["run_ids"].split() for rid in first)
+    means = [float(r["acc_mean"]) for r in first.values()] + [float(phase_result(3, 0.95, 0.0)["acc_mean"])]
+    assert float(pooled["acc_mean"]) == pytest.approx(sum(means) / 3, abs=1e-5)  # the mean over all three seeds
+    back = {(r["run_id"], r["padding"]): r["table"] for r in read_csv(tmp_path / "d" / "decisive_runs.csv")}
+    assert back[(third, "prefix")] == str(tmp_path / "d") and {back[(rid, "prefix")] for rid in first} == \
+        {str(tmp_path / "a")}
