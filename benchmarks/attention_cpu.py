@@ -1,6 +1,6 @@
 """CPU benchmark: the blocked compressed attention (the CPU path) against full causal attention (issue 2).
 
-Times forward+backward (forward only at the longest T) of `kernels.compressed_attention.blocked`,
+Times forward+backward (forward only at the longest T) of `phasefix.kernels.compressed_attention.blocked`,
 with the pooled entries given as inputs, against `F.scaled_dot_product_attention(is_causal=True)` on the same
 shapes, and prints compressed/full ratios. Each repeat times full then compressed back to back and the reported
 ratio is the median of the per-repeat ratios (robust to a machine whose load drifts). Peak memory is the growth
@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels.compressed_attention.blocked import compressed_attention
+from phasefix.kernels.compressed_attention.blocked import compressed_attention
 
 
 def make_inputs(T: int, H: int, HKV: int, D: int, S: int, dtype=torch.float32, seed: int = 0):

@@ -1,11 +1,11 @@
 """Compressed attention on a GPU: bf16 correctness and speed against full attention (issue 7).
 
 One prepared script for a lent H200 (or any CUDA GPU):
-  1. correctness: the Triton kernels in bf16 against the float32 blocked path (kernels.compressed_attention.blocked,
+  1. correctness: the Triton kernels in bf16 against the float32 blocked path (phasefix.kernels.compressed_attention.blocked,
      itself tested against the naive reference), output and
      the gradients of q, k, v, k_cmp, v_cmp and sink, at T = --check-len;
   2. speed, forward and forward+backward, for T in --seqlens:
-     - `triton`: kernels.compressed_attention.triton (S=4, local window 128, sink on),
+     - `triton`: phasefix.kernels.compressed_attention.triton (S=4, local window 128, sink on),
      - `sdpa_flash`: F.scaled_dot_product_attention, flash backend, full causal attention,
      - `flex`: FlexAttention over [entries | raw keys] with the same mask as a block mask (no sink: FlexAttention
        has no extra denominator term),
@@ -204,8 +204,8 @@ def main(argv=None) -> int:
               "Run it on a machine with one: python benchmarks/attention_gpu.py --out attention_gpu.json",
               file=sys.stderr)
         return 2
-    from kernels.compressed_attention import blocked as ref
-    from kernels.compressed_attention import triton as tri
+    from phasefix.kernels.compressed_attention import blocked as ref
+    from phasefix.kernels.compressed_attention import triton as tri
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     B, H, HKV, D, S, L = args.batch, args.heads, args.kv_heads, args.head_dim, args.stride, args.local_window

@@ -1,8 +1,9 @@
 """An independent, deliberately plain float64 oracle of `CompressedQwen3` (science.md §2), for the tests only.
-The attention implementations (kernels/) are tested against `kernels/compressed_attention/naive.py` (a dense masked
-softmax); this loop formulation of the whole model checks that reference in turn (test_model.py).
+The attention implementations (phasefix/kernels/) are tested against
+`phasefix/kernels/compressed_attention/naive.py` (a dense masked softmax); this loop formulation of the whole model
+checks that reference in turn (test_model.py).
 
-It shares no code with `phasefix.model` or `kernels`: it reads the model's parameters by name and recomputes the
+It shares no code with `phasefix.model` or `phasefix.kernels`: it reads the model's parameters by name and recomputes the
 logits with its own RMSNorm, its own RoPE (rotate-half on the last `rope_dims` dims of each head), its own pooling
 loop over windows and slots and its own attention loop over queries and heads, straight from the definitions:
 

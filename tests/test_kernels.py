@@ -1,5 +1,5 @@
-"""The attention implementations of kernels/ against the readable reference: `blocked` (the CPU path) and `triton`
-(run on CPU under the Triton interpreter) against `naive` run in float64, values and gradients, in float32 and
+"""The attention implementations of phasefix/kernels/ against the readable reference: `blocked` (the CPU path) and
+`triton` (run on CPU under the Triton interpreter) against `naive` run in float64, values and gradients, in float32 and
 float64 (bf16 is broken in the interpreter). `naive` itself is held to the independent float64 oracle of the whole
 model (tests/oracle.py) in test_model.py.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorators of kernels/
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the @triton.jit decorators of phasefix/kernels/
 
 import functools  # noqa: E402
 import importlib  # noqa: E402
@@ -20,13 +20,13 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels.compressed_attention import blocked, naive  # noqa: E402
-from kernels.gated_pool import naive as naive_pool  # noqa: E402
+from phasefix import kernels  # noqa: E402
+from phasefix.kernels.compressed_attention import blocked, naive  # noqa: E402
+from phasefix.kernels.gated_pool import naive as naive_pool  # noqa: E402
 from phasefix.model import compression as grid  # noqa: E402
 
-kg = importlib.import_module("kernels.gated_pool.triton")
-ka = importlib.import_module("kernels.compressed_attention.triton")
+kg = importlib.import_module("phasefix.kernels.gated_pool.triton")
+ka = importlib.import_module("phasefix.kernels.compressed_attention.triton")
 if "Interpreted" not in type(kg._gated_pool_fwd_kernel).__name__:  # imported earlier without the interpreter
     kg, ka = importlib.reload(kg), importlib.reload(ka)
 
@@ -288,10 +288,11 @@ def test_model_paths_match_naive(case, impl):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-9, rtol=1e-9, msg=lambda m, n=n: f"{n}: {m}")
 
 
-def test_naive_and_triton_import_without_phasefix():
-    code = ("import sys, kernels, kernels.compressed_attention.naive, kernels.compressed_attention.triton, "
-            "kernels.gated_pool.naive, kernels.gated_pool.triton; "
-            "bad = [m for m in sys.modules if m.startswith('phasefix')]; assert not bad, bad")
+def test_naive_and_triton_import_nothing_else_of_phasefix():
+    code = ("import sys, phasefix.kernels, phasefix.kernels.compressed_attention.naive, "
+            "phasefix.kernels.compressed_attention.triton, phasefix.kernels.gated_pool.naive, "
+            "phasefix.kernels.gated_pool.triton; bad = [m for m in sys.modules if m.startswith('phasefix') and "
+            "m != 'phasefix' and not m.startswith('phasefix.kernels')]; assert not bad, bad")
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
@@ -302,8 +303,8 @@ import importlib
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-ka = importlib.import_module("kernels.compressed_attention.triton")
-kg = importlib.import_module("kernels.gated_pool.triton")
+ka = importlib.import_module("phasefix.kernels.compressed_attention.triton")
+kg = importlib.import_module("phasefix.kernels.gated_pool.triton")
 
 def build(fn, ptrs, floats, consts, warps):
     sig = {n: "constexpr" if n in consts else ptrs.get(n) or ("fp32" if n in floats else "i32") for n in fn.arg_names}

@@ -216,8 +216,9 @@ NAIVE_ORACLE_CASES = ["w8s6", "w8s4_tail", "gate_vector_tail", "sink_tail", "gri
 
 @pytest.mark.parametrize("case", NAIVE_ORACLE_CASES, ids=NAIVE_ORACLE_CASES)
 def test_naive_attention_matches_float64_oracle(case):
-    """attn_impl=naive (the reference the kernels are tested against, kernels/compressed_attention/naive.py: a dense
-    masked softmax) against the oracle (per-query loops over the visible keys): two formulations, one answer."""
+    """attn_impl=naive (the reference the kernels are tested against,
+    phasefix/kernels/compressed_attention/naive.py: a dense masked softmax) against the oracle (per-query loops over
+    the visible keys): two formulations, one answer."""
     overrides = dict(ORACLE_CASES[case])
     slot_prior = overrides.pop("_slot_prior", False)
     overrides.setdefault("local_window", 5)
@@ -279,7 +280,7 @@ def test_oracle_batch_and_query_blocks():
 def test_gated_pool_and_grid_helpers():
     """The window grid every implementation follows (window positions, visibility, tail start, entry positions)
     and uniform pooling."""
-    from kernels.gated_pool.naive import gated_pool
+    from phasefix.kernels.gated_pool.naive import gated_pool
 
     pos = compression.window_positions(13, 8, 4)
     assert pos.tolist() == [[-4, -3, -2, -1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7], [4, 5, 6, 7, 8, 9, 10, 11]]
@@ -531,8 +532,8 @@ def test_invalid_config(case):
 
 
 def test_attn_impl_values():
-    """Every implementation of kernels/ and auto are accepted; `torch`, the blocked path's earlier name that stored
-    configs of earlier runs carry, still loads, as blocked."""
+    """Every implementation of phasefix/kernels/ and auto are accepted; `torch`, the blocked path's earlier name
+    that stored configs of earlier runs carry, still loads, as blocked."""
     for impl in ("naive", "blocked", "triton", "auto"):
         assert ModelConfig(**SMALL, attn_impl=impl).attn_impl == impl
     assert ModelConfig(**SMALL, attn_impl="torch").attn_impl == "blocked"

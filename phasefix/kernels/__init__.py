@@ -5,7 +5,7 @@ each op has a readable `naive` reference beside its fast versions, all of one si
 - `compressed_attention/`: `naive` (dense, the tests' ground truth), `blocked` (the CPU default), `triton` (CUDA).
 
 `ops(impl)` gives the pair the model calls for `model.attn_impl`; nothing is imported before it is asked for, so
-`import kernels` needs torch alone and `naive`/`triton` never import phasefix.
+`import phasefix.kernels` needs torch alone and `naive`/`triton` import nothing else of phasefix.
 """
 from __future__ import annotations
 
@@ -27,6 +27,6 @@ def resolve(attn_impl: str, device_type: str = "cpu") -> str:
 def ops(attn_impl: str, device_type: str = "cpu") -> SimpleNamespace:
     """`gated_pool` and `compressed_attention` of one implementation (`naive`, `blocked`, `triton` or `auto`)."""
     impl = resolve(attn_impl, device_type)
-    pool = importlib.import_module(f"kernels.gated_pool.{'triton' if impl == 'triton' else 'naive'}")
-    attention = importlib.import_module(f"kernels.compressed_attention.{impl}")
+    pool = importlib.import_module(f"phasefix.kernels.gated_pool.{'triton' if impl == 'triton' else 'naive'}")
+    attention = importlib.import_module(f"phasefix.kernels.compressed_attention.{impl}")
     return SimpleNamespace(gated_pool=pool.gated_pool, compressed_attention=attention.compressed_attention)

@@ -1,5 +1,5 @@
 """The model: config and presets, the Qwen3 backbone and its compressor, the window grid (`compression`).
-The attention implementations live in the top-level `kernels/` package."""
+The attention implementations live in `phasefix/kernels/`."""
 from phasefix.model.config import ModelConfig, preset_names
 from phasefix.model.qwen3 import CompressedQwen3
 

@@ -1,5 +1,5 @@
 """The window grid of chunked KV compression (science.md §2): which tokens each entry pools, which entries each
-query sees, where the entries sit. Math only; the attention itself lives in `kernels/` (`naive`, `blocked`,
+query sees, where the entries sit. Math only; the attention itself lives in `phasefix/kernels/` (`naive`, `blocked`,
 `triton`, chosen by `model.attn_impl`), the compressor in `qwen3.Compressor`.
 
 Grid (with an optional `grid_offset` d in [0, S), 0 in the paper): window j ends at token (j+1)S-1-d and starts at

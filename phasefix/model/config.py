@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import kernels
+from phasefix import kernels
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR
 
@@ -59,7 +59,7 @@ class ModelConfig:
     # K: each token's compressor input also sees its K-1 predecessors (a causal depthwise convolution of width K,
     # initialised to the identity); 0 = off. Bridges the boundary phase: slot 0 then carries token jS-1 too
     token_shift: int = 0
-    # the attention implementation (kernels/): naive (dense, O(T^2): tests), blocked (the CPU path), triton, auto
+    # the attention implementation (phasefix/kernels/): naive (dense, O(T^2): tests), blocked (CPU), triton, auto
     attn_impl: str = "blocked"
     query_block: int = 128  # queries per block of the blocked path (bounds memory at long T)
 
@@ -83,7 +83,7 @@ class ModelConfig:
         check_choice("model.local_memory", self.local_memory, LOCAL_MEMORY)
         check_choice("model.gate", self.gate, GATE)
         check_choice("model.payload_init", self.payload_init, PAYLOAD_INIT)
-        if self.attn_impl == "torch":  # the blocked path's name before kernels/ held it (stored configs use it)
+        if self.attn_impl == "torch":  # the blocked path's earlier name (stored configs use it)
             self.attn_impl = "blocked"
         check_choice("model.attn_impl", self.attn_impl, ATTN_IMPL)
         check(isinstance(self.stride, int) and self.stride >= 1, "model.stride", self.stride,

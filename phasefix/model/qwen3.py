@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import kernels
-from kernels.gated_pool.naive import gated_pool
+from phasefix import kernels
+from phasefix.kernels.gated_pool.naive import gated_pool
 from phasefix.model import compression
 from phasefix.model.config import ModelConfig
 
@@ -141,7 +141,7 @@ class Compressor(nn.Module):
         """x: [B, T, C] normed hidden states -> pooled keys, values [B, N, HKV, D] (keys normed, not yet rotated)
         and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates; with per-head
         offsets only the first N' entries, N' the fewest any head has, so that every row is a real window).
-        `pool`: a `gated_pool` of `kernels` (the model passes its `attn_impl`'s)."""
+        `pool`: a `gated_pool` of `phasefix.kernels` (the model passes its `attn_impl`'s)."""
         x = self.shift(x)  # [B, T, C]
         groups = compression.offset_groups(self.head_offsets)  # [(d, KV heads)]
         N = compression.num_entries(x.shape[1], self.cfg.stride, max(self.head_offsets))

@@ -1,2 +1,2 @@
 """Gated slot pooling: `naive` (the readable reference, torch only) and `triton` (its kernel), same signature
-`gated_pool(payload, gate_logits)`. Import the one you need (`kernels.gated_pool.triton` needs triton)."""
+`gated_pool(payload, gate_logits)`. Import the one you need (`phasefix.kernels.gated_pool.triton` needs triton)."""
