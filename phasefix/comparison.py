@@ -76,7 +76,7 @@ def run_facts(run, source=None) -> dict:
 
     params, tags = (source or run).data.params, (source or run).data.tags
     metrics = run.data.metrics
-    facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm", ""),
+    facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm") or BASELINE_ARM,  # untagged arm: unmitigated
              "learned": learned(metrics.get(phase_metric("final", "prefix", "acc_mean"), math.nan), params),
              "compressor_flops_per_token": math.nan, "cache_entries_per_token": math.nan}
     if not any(k.startswith("model.") for k in params):  # an evaluate run of a foreign model
@@ -99,6 +99,7 @@ def _mean_sd(vals: Sequence[float]) -> tuple[float, float]:
 MEMBER_COLUMNS = ("run_id", "run_name", "regime", "arm", "padding", "learned", "acc_mean", "acc_worst",
                   "worst_excl_boundary", "acc_gap", "period_detected", "train_seconds", "lm_loss",
                   "compressor_flops_per_token", "cache_entries_per_token", "table")
+MEMBER_TEXT = ("run_id", "run_name", "regime", "arm", "padding", "table")
 
 
 def run_members(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping]) -> list[dict]:
@@ -112,20 +113,17 @@ def run_members(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Ma
             continue
         stride = f.get("stride") or int(_num(r.get("stride")) or 1)
         curve = curves.get((r["run_id"], r["padding"])) or []
-        out.append({**r, **f, "arm": f["arm"] or BASELINE_ARM,
-                    "worst_excl_boundary": worst_excluding_boundary(curve, stride) if curve else math.nan})
+        out.append({**r, **f, "worst_excl_boundary": worst_excluding_boundary(curve, stride) if curve else math.nan})
     return out
 
 
-def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping],
-                  joined: Sequence[Mapping] = (), table: str = "", pooled: Sequence[Mapping] = ()) -> list[dict]:
-    """One row per (regime, arm, padding) of the runs tagged with a regime; `rows`, `curves` from report.collect,
-    `facts` {run_id: run_facts(run)}; `pooled`: committed runs (`read_members`) pooled with them as more seeds.
-    `joined`: committed rows (`read_table`) of other arms of these regimes, kept as they are; their baseline's mean
-    is the goal's bar where the runs have no baseline; the new rows then name `table`. Baseline rows come first in
-    each regime."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
-    for m in [*run_members(rows, curves, facts), *pooled]:
+def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), table: str = "") -> list[dict]:
+    """One row per (regime, arm, padding) over `members` (`run_members` of this report's runs, and committed runs
+    from `read_members` pooled with them as more seeds). `joined`: committed rows (`read_table`) of other arms of
+    these regimes, kept as they are; their baseline's mean is the goal's bar where the members have no baseline.
+    `table`: the folder the new rows name (a joined report). Baseline rows come first in each regime."""
+    groups: dict[tuple[str, str, str], list[Mapping]] = {}
+    for m in members:
         groups.setdefault((m["regime"], m["arm"], m["padding"]), []).append(m)
     base_mean = {}
     for (regime, arm, pad), members in groups.items():
@@ -153,7 +151,7 @@ def decisive_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, 
             row[k] = members[0].get(k, math.nan)
         lm0 = base_mean.get((regime, pad, "lm"), math.nan)
         row["lm_loss_change"] = (row["lm_loss"] / lm0 - 1.0) if lm0 and not math.isnan(lm0) else math.nan
-        out.append({**row, "table": table} if joined or pooled else row)
+        out.append({**row, "table": table} if table else row)
     return sorted(out + list(joined), key=lambda r: (r["regime"], r["arm"] != BASELINE_ARM, r["arm"], r["padding"]))
 
 
@@ -213,9 +211,6 @@ def read_members(path) -> list[dict]:
     with open(path, newline="") as f:
         return [{k: (v == "True" if k == "learned" else v if k in MEMBER_TEXT else _num(v)) for k, v in r.items()}
                 for r in csv.DictReader(f)]
-
-
-MEMBER_TEXT = ("run_id", "run_name", "regime", "arm", "padding", "table")
 
 
 def _pm(m: float, sd: float) -> str:

@@ -375,35 +375,26 @@ def rescored_sources(c, runs: Sequence) -> dict:
     return out
 
 
-def regime_arms(runs: Sequence, sources: Mapping) -> set[tuple[str, str]]:
-    """{(regime, arm)} of the regime-tagged runs and re-scorings among `runs`."""
-    from phasefix.comparison import BASELINE_ARM
-
-    tags = [(sources.get(r.info.run_id) or r).data.tags for r in runs]
-    return {(t["regime"], t.get("arm") or BASELINE_ARM) for t in tags if t.get("regime")}
-
-
-def decisive(c, out: Path, runs: Sequence, rows: Sequence[Mapping], curves: Mapping, sources: Mapping,
+def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: dict, sources: Mapping,
              joined: Sequence[Mapping] = (), pooled: Sequence[Mapping] = (),
              table: str = "") -> tuple[list[str], list[dict]]:
-    """Runs tagged `regime` (and `arm`): the regime x arm table over seeds (phasefix.comparison) with the committed
-    runs `pooled` and rows `joined` (`joined_rows`; new rows naming `table`), each run's facts (decisive_runs.csv),
-    the headline rows (each regime's baseline and best arm at equal cache entries) and the figures of the new runs
-    (phasefix.plots). Returns the files written and the table's rows."""
+    """Runs tagged `regime` (and `arm`; `facts` {run_id: comparison.run_facts}): the regime x arm table over seeds
+    (phasefix.comparison) with the committed runs `pooled` and rows `joined` (`joined_rows`), each run's facts
+    (decisive_runs.csv, naming `table`, the folder of its comparison.csv), the headline rows (each regime's baseline
+    and best arm at equal cache entries) and the figures of the new runs (phasefix.plots). Returns the files written
+    and the table's rows."""
     from phasefix import comparison, plots, tracking
 
-    facts = {r.info.run_id: comparison.run_facts(r, sources.get(r.info.run_id)) for r in runs
-             if r.data.tags.get("regime") or r.info.run_id in sources}
     if not facts:
         return [], []
     for rid, src in sources.items():  # a re-scoring did not train: the cost and text loss are its fit's
         summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
         facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
-    drows = comparison.decisive_rows(rows, curves, facts, joined, table, pooled)
-    write_csv(out / "decisive.csv", drows, comparison.COLUMNS + (("table",) if joined or pooled else ()))
-    members = [*comparison.run_members(rows, curves, facts), *pooled]  # each run's facts: a later join pools them
-    write_csv(out / "decisive_runs.csv", [{**m, "table": m.get("table") or table} for m in members],
-              comparison.MEMBER_COLUMNS)
+    members = [{**m, "table": table} for m in comparison.run_members(rows, curves, facts)] + list(pooled)
+    grown = bool(joined or pooled)  # a joined table names each row's table
+    drows = comparison.decisive_rows(members, joined, table if grown else "")
+    write_csv(out / "decisive.csv", drows, comparison.COLUMNS + (("table",) if grown else ()))
+    write_csv(out / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)  # a later join pools these runs
     (out / "decisive.md").write_text(comparison.markdown(drows))
     (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
     files = ["decisive.csv", "decisive_runs.csv", "decisive.md", "headline.md"]
@@ -441,9 +432,13 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
+    from phasefix.comparison import run_facts
+
     sources = rescored_sources(c, runs)
-    joined, pooled = joined_rows(list(cfg.join), regime_arms(runs, sources), {r.info.run_id for r in runs}) \
-        if cfg.join else ([], [])
+    facts = {r.info.run_id: run_facts(r, sources.get(r.info.run_id)) for r in runs
+             if r.data.tags.get("regime") or r.info.run_id in sources}
+    joined, pooled = joined_rows(list(cfg.join), {(f["regime"], f["arm"]) for f in facts.values()},
+                                 {r.info.run_id for r in runs}) if cfg.join else ([], [])
 
     out = out_dir(opts["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -457,7 +452,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
-        written, drows = decisive(c, out, runs, rows, curves, sources, joined, pooled, str(opts["out"] or out))
+        written, drows = decisive(c, out, rows, curves, facts, sources, joined, pooled, str(opts["out"] or out))
         files += written
     (out / "comparison.md").write_text(markdown(rows, flips))
     files.append("comparison.md")

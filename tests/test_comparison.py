@@ -39,7 +39,7 @@ def test_rows_average_learned_seeds_only_and_goal_needs_baseline_mean():
              "b2": _facts("w4s4", "baseline", False), "m0": _facts("w4s4", "token_shift", True),
              "m1": _facts("w4s4", "token_shift", True), "m2": _facts("w4s4", "token_shift", True)}
     curves = {(r["run_id"], "prefix"): [1.0, 1.0, 1.0, r["acc_worst"]] * 6 for r in rows}
-    drows = comparison.decisive_rows(rows, curves, facts)
+    drows = comparison.decisive_rows(comparison.run_members(rows, curves, facts))
     assert [(d["regime"], d["arm"]) for d in drows] == [("w4s4", "baseline"), ("w4s4", "token_shift")]
     base, arm = drows
     assert (base["seeds"], base["learned"]) == (3, 2)
@@ -55,10 +55,11 @@ def test_rows_average_learned_seeds_only_and_goal_needs_baseline_mean():
 def test_a_regime_whose_baseline_never_learns_meets_no_goal():
     rows = [_row("b0", "prefix", 0.01, 0.0), _row("m0", "prefix", 0.9, 0.9)]
     facts = {"b0": _facts("hard", "baseline", False), "m0": _facts("hard", "gate_diversity", True)}
-    drows = comparison.decisive_rows(rows, {}, facts)
+    drows = comparison.decisive_rows(comparison.run_members(rows, {}, facts))
     assert not drows[0]["baseline_learned"]
     assert "baseline not learned" in comparison.markdown(drows)
-    alone = comparison.decisive_rows([_row("m0", "prefix", 0.9, 0.9)], {}, {"m0": _facts("new", "shared", True)})
+    alone = comparison.decisive_rows(comparison.run_members([_row("m0", "prefix", 0.9, 0.9)], {},
+                                                            {"m0": _facts("new", "shared", True)}))
     assert "| no baseline run |" in comparison.markdown(alone)
 
 

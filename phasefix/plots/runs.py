@@ -62,7 +62,7 @@ def runs_pareto(prows: Sequence[Mapping]):
 
 
 def _arms(rows, facts) -> list[str]:
-    arms = list(dict.fromkeys(facts[r["run_id"]]["arm"] or BASELINE_ARM for r in rows))
+    arms = list(dict.fromkeys(facts[r["run_id"]]["arm"] for r in rows))
     return sorted(arms, key=lambda a: (a != BASELINE_ARM, a))
 
 
@@ -78,7 +78,7 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
         for j, arm in enumerate(arms):
             ax = axes[i, j]
             members = [r for r in rows if facts[r["run_id"]]["regime"] == regime
-                       and (facts[r["run_id"]]["arm"] or BASELINE_ARM) == arm]
+                       and (facts[r["run_id"]]["arm"]) == arm]
             seeds = [(curves.get((r["run_id"], padding)) or [], facts[r["run_id"]]["learned"]) for r in members]
             seeds = [(c, ok) for c, ok in seeds if c]
             ax.tick_params(labelsize=6)
@@ -136,7 +136,7 @@ def worst_vs_mean(rows: Sequence[Mapping], facts: Mapping[str, Mapping], padding
     ax.plot([0, 1], [0, GOAL_RATIO], color="black", lw=0.8, ls="--", label=f"goal: worst = {GOAL_RATIO} x mean")
     for r in rows:
         f = facts[r["run_id"]]
-        color = f"C{arms.index(f['arm'] or BASELINE_ARM) % 10}"
+        color = f"C{arms.index(f['arm']) % 10}"
         marker = markers[regimes.index(f["regime"]) % len(markers)]
         if math.isnan(r["acc_mean"]):
             continue
@@ -163,12 +163,12 @@ def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mappi
     nan where not logged}."""
     runs = [rid for rid in losses if facts.get(rid, {}).get("regime") and losses[rid]]
     regimes = list(dict.fromkeys(facts[rid]["regime"] for rid in runs))
-    arms = sorted(dict.fromkeys(facts[rid]["arm"] or BASELINE_ARM for rid in runs),
+    arms = sorted(dict.fromkeys(facts[rid]["arm"] for rid in runs),
                   key=lambda a: (a != BASELINE_ARM, a))
     fig, axes = plt.subplots(1, max(len(regimes), 1), figsize=(3.6 * max(len(regimes), 1) + 1.8, 3.0), squeeze=False)
     for ax, regime in zip(axes[0], regimes):
         for rid in (r for r in runs if facts[r]["regime"] == regime):
-            arm = facts[rid]["arm"] or BASELINE_ARM
+            arm = facts[rid]["arm"]
             pts = [(s, v) for s, v in enumerate(losses[rid]) if not math.isnan(v)]
             ax.plot([s for s, _ in pts], [v for _, v in pts], lw=0.8, alpha=0.8, color=f"C{arms.index(arm) % 10}")
         ax.set_title(regime, fontsize=8)
