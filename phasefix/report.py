@@ -375,10 +375,24 @@ def rescored_sources(c, runs: Sequence) -> dict:
     return out
 
 
-def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: dict, sources: Mapping,
+def regime_facts(c, runs: Sequence, sources: Mapping) -> dict:
+    """{run_id: comparison.run_facts} of the regime-tagged runs and re-scorings among `runs`; a re-scoring did not
+    train, so its training time and text loss are its fit's (`sources`: rescored_sources)."""
+    from phasefix import tracking
+    from phasefix.comparison import run_facts
+
+    facts = {r.info.run_id: run_facts(r, sources.get(r.info.run_id)) for r in runs
+             if r.data.tags.get("regime") or r.info.run_id in sources}
+    for rid, src in sources.items():
+        summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
+        facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
+    return facts
+
+
+def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapping, sources: Mapping,
              joined: Sequence[Mapping] = (), pooled: Sequence[Mapping] = (),
              table: str = "") -> tuple[list[str], list[dict]]:
-    """Runs tagged `regime` (and `arm`; `facts` {run_id: comparison.run_facts}): the regime x arm table over seeds
+    """Runs tagged `regime` (and `arm`; `facts`: regime_facts): the regime x arm table over seeds
     (phasefix.comparison) with the committed runs `pooled` and rows `joined` (`joined_rows`), each run's facts
     (decisive_runs.csv, naming `table`, the folder of its comparison.csv), the headline rows (each regime's baseline
     and best arm at equal cache entries) and the figures of the new runs (phasefix.plots). Returns the files written
@@ -387,9 +401,6 @@ def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: dict
 
     if not facts:
         return [], []
-    for rid, src in sources.items():  # a re-scoring did not train: the cost and text loss are its fit's
-        summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
-        facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
     members = [{**m, "table": table} for m in comparison.run_members(rows, curves, facts)] + list(pooled)
     grown = bool(joined or pooled)  # a joined table names each row's table
     drows = comparison.decisive_rows(members, joined, table if grown else "")
@@ -432,11 +443,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
-    from phasefix.comparison import run_facts
-
     sources = rescored_sources(c, runs)
-    facts = {r.info.run_id: run_facts(r, sources.get(r.info.run_id)) for r in runs
-             if r.data.tags.get("regime") or r.info.run_id in sources}
+    facts = regime_facts(c, runs, sources)
     joined, pooled = joined_rows(list(cfg.join), {(f["regime"], f["arm"]) for f in facts.values()},
                                  {r.info.run_id for r in runs}) if cfg.join else ([], [])
 

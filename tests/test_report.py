@@ -183,8 +183,9 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path, monkeyp
     ids = {}
     for arm, window, dip in (("baseline", "4", 0.6), ("window_s+1", "5", 0.0)):
         for seed in (0, 1):
+            untagged = (arm, seed) == ("baseline", 1)  # a regime run without an arm tag is the unmitigated one
             rid = log_run(c, exp, f"{arm}-s{seed}", "fit", seed, 0.95, dip,
-                          {"regime": "w4s4", "arm": arm, "comparison": "dec"})
+                          {"regime": "w4s4", "comparison": "dec", **({} if untagged else {"arm": arm})})
             tracking.log_params(c, rid, {**params, "model.window": window})
             ids[(arm, seed)] = rid
     unfinished = c.create_run(exp, run_name="baseline-s2", tags={"phasefix.kind": "fit", "regime": "w4s4",
@@ -205,6 +206,7 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path, monkeyp
     assert {"decisive.csv", "decisive.md", "headline.md", "phase_grid_prefix.png", "worst_vs_mean.png",
             "train_loss.png"} <= set(res["files"])
     rows = {(r["arm"], r["padding"]): r for r in csv.DictReader(open(out / "decisive.csv"))}
+    assert {a for a, _ in rows} == {"baseline", "window_s+1"}
     base, arm = rows[("baseline", "prefix")], rows[("window_s+1", "prefix")]
     assert base["learned"] == "2" and arm["learned"] == "2"
     assert base["goal_met"] == "0" and arm["goal_met"] == "2"  # flat at ~0.95 >= 0.9 x mean, and above the baseline

@@ -78,7 +78,7 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
         for j, arm in enumerate(arms):
             ax = axes[i, j]
             members = [r for r in rows if facts[r["run_id"]]["regime"] == regime
-                       and (facts[r["run_id"]]["arm"]) == arm]
+                       and facts[r["run_id"]]["arm"] == arm]
             seeds = [(curves.get((r["run_id"], padding)) or [], facts[r["run_id"]]["learned"]) for r in members]
             seeds = [(c, ok) for c, ok in seeds if c]
             ax.tick_params(labelsize=6)
