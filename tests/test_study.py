@@ -669,6 +669,37 @@ def test_two_workers_on_one_storage_finish_distinct_trials(tmp_path, mlflow_db):
     assert res["counts"]["COMPLETE"] == 6 and res["pareto"]
 
 
+def test_workers_counting_the_last_slot_at_once_start_one_trial_not_two(tmp_path, mlflow_db, monkeypatch):
+    """The race CI once lost ({'COMPLETE': 7} of a budget of 6): two workers both count budget - 1 and both start a
+    trial. Counting is slowed here so that the two workers always count together; the lock per storage and study
+    lets only one of them start the trial."""
+    from phasefix.study import load_spec, run_study
+    from phasefix.study import runner
+
+    d, fake = fake_env(tmp_path, "none")
+    path = write_study(tmp_path, mlflow_db, name="race", n_trials=4)
+    assert run_study(path, n_trials=1, workers=1, fit_fn=fake)["rc"] == 0  # the study, its parent run, one trial
+    counted = runner.counts
+
+    def slow_counts(study):
+        n = counted(study)
+        time.sleep(0.3)  # the other worker counts meanwhile
+        return n
+
+    monkeypatch.setattr(runner, "counts", slow_counts)
+    spec = load_spec(path)
+    rcs = []
+    workers = [threading.Thread(target=lambda w=w: rcs.append(runner.run_worker(spec, spec.storage_url(None), 4,
+                                                                                  worker=w, fit_fn=fake)))
+               for w in range(2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    assert rcs == [0, 0]
+    assert states(load(path)[1]) == {"COMPLETE": 4}
+
+
 def test_sigkilled_workers_trial_is_failed_and_retried(tmp_path, mlflow_db):
     from phasefix.study import run_study
 

@@ -1,12 +1,16 @@
 """Running a study: the Optuna RDB storage with heartbeats and retries, the sampler, the budget loop of one worker
-(Optuna's `MaxTrialsCallback`), `workers=K` processes on this machine, and `run_study` (the CLI's work)."""
+(one trial at a time, started under a lock so that K workers never overshoot the budget), `workers=K` processes on
+this machine, and `run_study` (the CLI's work)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -159,47 +163,77 @@ def load_study(spec: StudySpec, url: str):
 
 
 # ------------------------------------------------------------------------------------------------ workers
+class TrialStartLock:
+    """A machine-wide lock per (storage, study) held from counting the trials to the new trial being RUNNING in the
+    storage. Without it two workers can both count budget - 1 and both start a trial (one trial too many). Workers
+    on other machines sharing a PostgreSQL storage do not share it: they may overshoot by up to K - 1 trials."""
+
+    def __init__(self, url: str, study_name: str):
+        key = hashlib.sha1(f"{runs.redact(url)}\0{study_name}".encode()).hexdigest()[:16]
+        self.path = Path(tempfile.gettempdir()) / f"phasefix-study-{key}.lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.held = False
+
+    def acquire(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self.release()
+        os.close(self.fd)
+
+
 def run_worker(spec: StudySpec, url: str, n_trials: int, worker: int = 0, threads: int | None = None,
                fit_fn: FitFn | None = None, poll_s: float | None = None) -> int:
-    """Run trials until the study has `n_trials` finished ones (complete or pruned), then wait for the trials
-    still running elsewhere: failing stale ones (a dead worker's) and running their retries. 0: done;
-    3: stopped after max_failures trials raised errors; 4: timeout."""
+    """Run trials until the study has `n_trials` finished or running ones (complete, pruned, running), then wait
+    for the trials still running elsewhere: failing stale ones (a dead worker's) and running their retries.
+    0: done; 3: stopped after max_failures trials raised errors; 4: timeout."""
     import optuna
-    from optuna.study import MaxTrialsCallback
-    from optuna.trial import TrialState
 
     study = open_study(spec, url, worker)
     objective = make_objective(spec, study.user_attrs.get(runs.PARENT_ATTR), threads, fit_fn)
-    # running trials count too: K workers on one storage stop together at the budget instead of overshooting it
-    budget = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+    lock = TrialStartLock(url, spec.name)
 
-    def too_many_errors(study, trial):
-        if counts(study)["ERRORS"] >= spec.max_failures:
-            study.stop()
+    def started(trial):  # Optuna has created the trial (RUNNING, visible to the other workers): let them count
+        lock.release()
+        return objective(trial)
 
     poll_s = poll_s or min(5.0, spec.heartbeat_interval)
     t0 = time.time()
-    while True:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            optuna.storages.fail_stale_trials(study)
-        n = counts(study)
-        if n["ERRORS"] >= spec.max_failures:
-            print(f"[study] worker {worker}: {n['ERRORS']} trials failed with errors (max_failures="
-                  f"{spec.max_failures}); stopping. See the trials' user attr 'error'.", file=sys.stderr, flush=True)
-            return 3
-        left = spec.timeout - (time.time() - t0) if spec.timeout else None
-        if left is not None and left <= 0:
-            return 4
-        if n["WAITING"] > 0 or n["COMPLETE"] + n["PRUNED"] + n["RUNNING"] < n_trials:  # retries run regardless
+    try:
+        while True:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                study.optimize(objective, timeout=left, catch=(Exception,), callbacks=[budget, too_many_errors],
-                               gc_after_trial=False)
-            continue
-        if n["RUNNING"] == 0:
-            return 0
-        time.sleep(poll_s)  # trials running elsewhere: wait for them to finish or go stale
+                optuna.storages.fail_stale_trials(study)
+            lock.acquire()
+            try:
+                n = counts(study)
+                if n["ERRORS"] >= spec.max_failures:
+                    print(f"[study] worker {worker}: {n['ERRORS']} trials failed with errors (max_failures="
+                          f"{spec.max_failures}); stopping. See the trials' user attr 'error'.", file=sys.stderr,
+                          flush=True)
+                    return 3
+                left = spec.timeout - (time.time() - t0) if spec.timeout else None
+                if left is not None and left <= 0:
+                    return 4
+                # running trials count: K workers stop together at the budget; retries (WAITING) run regardless
+                if n["WAITING"] > 0 or n["COMPLETE"] + n["PRUNED"] + n["RUNNING"] < n_trials:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        study.optimize(started, n_trials=1, timeout=left, catch=(Exception,), gc_after_trial=False)
+                    continue
+            finally:
+                lock.release()
+            if n["RUNNING"] == 0:
+                return 0
+            time.sleep(poll_s)  # trials running elsewhere: wait for them to finish or go stale
+    finally:
+        lock.close()
 
 
 def _worker_process(spec: StudySpec, url: str, n_trials: int, worker: int, threads: int, fit_fn: FitFn | None,
