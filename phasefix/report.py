@@ -1,5 +1,5 @@
 """`python -m phasefix.report [experiment=NAME] [runs=ID1,ID2] [tag.KEY=VALUE ...] [kind=fit,evaluate] [out=DIR]`
-   `python -m phasefix.report tables=DIR[:REGIME+REGIME],... out=DIR`
+   `python -m phasefix.report tables=DIR[:REGIME+REGIME],... out=DIR [into=docs/results.md]`
 
 Compares MLflow runs of `phasefix.fit` and `phasefix.evaluate` by phase and writes, to `out` (default
 outputs/reports/<date>-<time>):
@@ -21,7 +21,8 @@ outputs/reports/<date>-<time>):
 
 `tables=` reads no MLflow run: it builds headline.csv / headline.md (each regime's baseline and best arm at equal
 cache entries per token, every padding, the source table named per row) from committed report folders'
-`decisive.csv`, one table per regime (docs/results.md opens with it).
+`decisive.csv`, one table per regime (docs/results.md opens with it). `into=DOC` also writes headline.md into DOC
+between its lines `<!-- headline -->` and `<!-- /headline -->`, so the document quotes the table as written.
 
 `join=DIR,...` grows a committed comparison with new runs when its own runs are no longer in this store (a fresh
 machine): the runs of the selected runs' regimes in DIR's `decisive_runs.csv` are pooled with them as more seeds,
@@ -57,7 +58,9 @@ KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
-OPTIONS = ("experiment", "runs", "tables", "join", "kind", "tracking_uri", "out", "log", "verbose", "experiment_name")
+OPTIONS = ("experiment", "runs", "tables", "join", "into", "kind", "tracking_uri", "out", "log", "verbose",
+           "experiment_name")
+HEADLINE_BEGIN, HEADLINE_END = "<!-- headline -->", "<!-- /headline -->"  # where `into=` writes the headline
 
 
 @dataclass
@@ -68,6 +71,7 @@ class ReportConfig:
     kind: list[str] = field(default_factory=lambda: list(KINDS))
     tables: list[str] = field(default_factory=list)  # committed report folders (`DIR` or `DIR:REGIME+REGIME`): headline
     join: list[str] = field(default_factory=list)  # committed report folders whose regimes the new runs extend
+    into: str | None = None  # with tables=: a document whose headline block is rewritten with the new headline
     tracking_uri: str | None = None
     out: str | None = None  # default outputs/reports/<date>-<time>
     log: bool = True  # log the report to a new MLflow run
@@ -97,7 +101,7 @@ def shim(argv: Sequence[str]) -> list[str]:
             bare = "experiment_name"
         if bare in ("runs", "kind", "tables", "join") and not value.startswith("["):
             value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
-        elif bare in ("experiment_name", "tracking_uri", "out") and not value.startswith(("'", '"')):
+        elif bare in ("experiment_name", "tracking_uri", "out", "into") and not value.startswith(("'", '"')):
             value = quoted(value)
         out.append(f"{bare}={value}")
     return out
@@ -119,7 +123,32 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
     check(not (cfg.tables and (cfg.runs or cfg.tag or cfg.experiment_name)), "tables", ",".join(cfg.tables),
           "builds the headline from committed tables, not from MLflow: drop runs=, experiment= and tag.*")
     check(not (cfg.tables and cfg.join), "join", ",".join(cfg.join), "extends a report of MLflow runs: drop tables=")
+    check(not cfg.into or bool(cfg.tables), "into", str(cfg.into), "writes the headline of tables=: add tables=")
+    if cfg.into:
+        headline_block(Path(cfg.into))
     return cfg
+
+
+def headline_block(doc: Path) -> tuple[int, int]:
+    """Where `into=` writes in `doc`: the character span between its one `<!-- headline -->` line and the
+    `<!-- /headline -->` line after it. Checked before anything is written."""
+    check(doc.is_file(), "into", str(doc), "is not a file")
+    lines = doc.read_text().splitlines(keepends=True)
+    begins = [i for i, line in enumerate(lines) if line.strip() == HEADLINE_BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == HEADLINE_END]
+    check(len(begins) == 1 and len(ends) == 1 and begins[0] < ends[0], "into", str(doc),
+          f"needs one line {HEADLINE_BEGIN} and one line {HEADLINE_END} after it, around the headline table")
+    start = sum(len(line) for line in lines[:begins[0] + 1])
+    return start, start + sum(len(line) for line in lines[begins[0] + 1:ends[0]])
+
+
+def write_headline_into(doc: Path, headline: str) -> None:
+    """Replace `doc`'s headline block with `headline` (written beside it, then renamed: no half-written document)."""
+    start, end = headline_block(doc)
+    text = doc.read_text()
+    tmp = doc.with_name(doc.name + ".tmp")
+    tmp.write_text(text[:start] + "\n" + headline.strip("\n") + "\n\n" + text[end:])  # blank lines: the table stays one
+    tmp.replace(doc)
 
 
 def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
@@ -431,6 +460,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     if cfg.tables:  # no MLflow: the committed tables are the source
         out = out_dir(cfg.out)
         files, hrows = headline_from_tables(list(cfg.tables), out)
+        if cfg.into:
+            write_headline_into(Path(cfg.into), (out / "headline.md").read_text())
         return {"out": str(out), "runs": [], "rows": [], "flips": [], "pareto": [], "files": files,
                 "report_run_id": None, "left_out": [], "decisive": hrows}
     opts = {"experiment": cfg.experiment_name, "runs": list(cfg.runs), "tags": dict(cfg.tag), "kind": list(cfg.kind),
@@ -499,7 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = report(cfg)
         if cfg.tables:
             print((Path(res["out"]) / "headline.md").read_text(), end="")
-            print(f"\nheadline of {len(cfg.tables)} tables written to {res['out']}: {', '.join(res['files'])}")
+            print(f"\nheadline of {len(cfg.tables)} tables written to {res['out']}: {', '.join(res['files'])}"
+                  + (f"; and into {cfg.into}" if cfg.into else ""))
             return 0
         print((Path(res["out"]) / "comparison.md").read_text(), end="")
         left = res["left_out"]

@@ -139,3 +139,33 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
                         ([str(tmp_path)], "decisive.csv")):
         with pytest.raises(ConfigError, match=says):
             headline_from_tables(specs, tmp_path / "h")
+
+
+def test_the_headline_is_written_into_a_document_between_its_markers_and_nowhere_without_them(tmp_path):
+    """`into=` replaces only the lines between `<!-- headline -->` and `<!-- /headline -->` with headline.md; a
+    document without the pair is refused in one line before any folder is written."""
+    from phasefix.errors import ConfigError
+    from phasefix.report import report, write_csv
+
+    a = tmp_path / "a"
+    a.mkdir()
+    write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
+                                   _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], comparison.COLUMNS)
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nintro\n<!-- headline -->\n| old | table |\n|---|---|\n<!-- /headline -->\nafter\n")
+    report({"tables": [str(a)], "out": str(tmp_path / "h"), "into": str(doc)})
+    headline = (tmp_path / "h" / "headline.md").read_text()
+    assert doc.read_text() == ("# Results\n\nintro\n<!-- headline -->\n\n" + headline.strip("\n")
+                               + "\n\n<!-- /headline -->\nafter\n")
+    assert "| w4s4 | token_shift | prefix | 3/3 | 1.000 | 0.950 |" in doc.read_text()
+    report({"tables": [str(a)], "out": str(tmp_path / "h"), "into": str(doc)})  # again: the same document
+    assert doc.read_text().count("| w4s4 | token_shift |") == 1
+    bare = tmp_path / "bare.md"
+    bare.write_text("# Results\n| old |\n")
+    for into, says in ((bare, "needs one line <!-- headline -->"), (tmp_path / "none.md", "is not a file")):
+        with pytest.raises(ConfigError, match=says):
+            report({"tables": [str(a)], "out": str(tmp_path / "h2"), "into": str(into)})
+        assert not (tmp_path / "h2").exists()
+    with pytest.raises(ConfigError, match="add tables="):
+        report({"runs": ["abc"], "into": str(doc)})
+    assert bare.read_text() == "# Results\n| old |\n"
