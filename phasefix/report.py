@@ -1,5 +1,6 @@
 """`python -m phasefix.report [experiment=NAME] [runs=ID1,ID2] [tag.KEY=VALUE ...] [kind=fit,evaluate] [out=DIR]`
-   `python -m phasefix.report tables=DIR[:REGIME+REGIME],... out=DIR [into=docs/results.md]`
+   `python -m phasefix.report tables=DIR[:REGIME+REGIME],... out=DIR`
+   either with `into=DOC`: also refresh DOC's quotes of the files written to `out`
 
 Compares MLflow runs of `phasefix.fit` and `phasefix.evaluate` by phase and writes, to `out` (default
 outputs/reports/<date>-<time>):
@@ -21,8 +22,12 @@ outputs/reports/<date>-<time>):
 
 `tables=` reads no MLflow run: it builds headline.csv / headline.md (each regime's baseline and best arm at equal
 cache entries per token, every padding, the source table named per row) from committed report folders'
-`decisive.csv`, one table per regime (docs/results.md opens with it). `into=DOC` also writes headline.md into DOC
-between its lines `<!-- headline -->` and `<!-- /headline -->`, so the document quotes the table as written.
+`decisive.csv`, one table per regime (docs/results.md opens with it).
+
+`into=DOC` (with `out=`): a document quotes a written table between a line `<!-- quote: PATH -->` (PATH relative to
+the document's folder, like its links) and a line `<!-- /quote -->`; after writing, every quote in DOC of a file in
+`out` is rewritten with that file, so the document's figures are the report's, not a copy by hand. A DOC with no
+quote of `out`, or an unclosed quote, is refused before anything is written.
 
 `join=DIR,...` grows a committed comparison with new runs when its own runs are no longer in this store (a fresh
 machine): the runs of the selected runs' regimes in DIR's `decisive_runs.csv` are pooled with them as more seeds,
@@ -60,7 +65,7 @@ COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "m
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
 OPTIONS = ("experiment", "runs", "tables", "join", "into", "kind", "tracking_uri", "out", "log", "verbose",
            "experiment_name")
-HEADLINE_BEGIN, HEADLINE_END = "<!-- headline -->", "<!-- /headline -->"  # where `into=` writes the headline
+QUOTE_BEGIN, QUOTE_END = re.compile(r"<!-- quote: (\S+) -->"), "<!-- /quote -->"  # a document's quote of a table
 
 
 @dataclass
@@ -71,7 +76,7 @@ class ReportConfig:
     kind: list[str] = field(default_factory=lambda: list(KINDS))
     tables: list[str] = field(default_factory=list)  # committed report folders (`DIR` or `DIR:REGIME+REGIME`): headline
     join: list[str] = field(default_factory=list)  # committed report folders whose regimes the new runs extend
-    into: str | None = None  # with tables=: a document whose headline block is rewritten with the new headline
+    into: str | None = None  # a document whose quotes of files in `out` are rewritten with them (needs out=)
     tracking_uri: str | None = None
     out: str | None = None  # default outputs/reports/<date>-<time>
     log: bool = True  # log the report to a new MLflow run
@@ -123,32 +128,54 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
     check(not (cfg.tables and (cfg.runs or cfg.tag or cfg.experiment_name)), "tables", ",".join(cfg.tables),
           "builds the headline from committed tables, not from MLflow: drop runs=, experiment= and tag.*")
     check(not (cfg.tables and cfg.join), "join", ",".join(cfg.join), "extends a report of MLflow runs: drop tables=")
-    check(not cfg.into or bool(cfg.tables), "into", str(cfg.into), "writes the headline of tables=: add tables=")
     if cfg.into:
-        headline_block(Path(cfg.into))
+        check(bool(cfg.out), "into", str(cfg.into), "rewrites the document's quotes of the files in out=: add out=")
+        check(any(inside(path, Path(cfg.out)) for path, _, _ in quotes(Path(cfg.into))), "into", str(cfg.into),
+              f"has no line <!-- quote: PATH --> of a file in out={cfg.out}")
     return cfg
 
 
-def headline_block(doc: Path) -> tuple[int, int]:
-    """Where `into=` writes in `doc`: the character span between its one `<!-- headline -->` line and the
-    `<!-- /headline -->` line after it. Checked before anything is written."""
+def quotes(doc: Path) -> list[tuple[Path, int, int]]:
+    """`doc`'s quotes: (the quoted file, resolved against doc's folder; the character span between the line
+    `<!-- quote: PATH -->` and its line `<!-- /quote -->`). Checked: each quote closed before the next opens."""
     check(doc.is_file(), "into", str(doc), "is not a file")
-    lines = doc.read_text().splitlines(keepends=True)
-    begins = [i for i, line in enumerate(lines) if line.strip() == HEADLINE_BEGIN]
-    ends = [i for i, line in enumerate(lines) if line.strip() == HEADLINE_END]
-    check(len(begins) == 1 and len(ends) == 1 and begins[0] < ends[0], "into", str(doc),
-          f"needs one line {HEADLINE_BEGIN} and one line {HEADLINE_END} after it, around the headline table")
-    start = sum(len(line) for line in lines[:begins[0] + 1])
-    return start, start + sum(len(line) for line in lines[begins[0] + 1:ends[0]])
+    found, opened, offset = [], None, 0
+    for number, line in enumerate(doc.read_text().splitlines(keepends=True), 1):
+        begin = QUOTE_BEGIN.fullmatch(line.strip())
+        if begin or line.strip() == QUOTE_END:
+            check(bool(begin) == (opened is None), "into", f"{doc}:{number}",
+                  "opens a quote inside a quote" if begin else f"closes a quote that is not open ({QUOTE_END})")
+        offset += len(line)
+        if begin:
+            opened = (doc.parent / begin.group(1), offset)
+        elif line.strip() == QUOTE_END:
+            found.append((opened[0], opened[1], offset - len(line)))
+            opened = None
+    check(opened is None, "into", str(doc), f"leaves the quote of {opened and opened[0]} open: add a line {QUOTE_END}")
+    return found
 
 
-def write_headline_into(doc: Path, headline: str) -> None:
-    """Replace `doc`'s headline block with `headline` (written beside it, then renamed: no half-written document)."""
-    start, end = headline_block(doc)
-    text = doc.read_text()
+def inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def quote_text(text: str) -> str:
+    """A file's text as a quote holds it: blank lines around, so that a quoted table stays one table."""
+    return "\n" + text.strip("\n") + "\n\n"
+
+
+def refresh_quotes(doc: Path, folder: Path) -> list[Path]:
+    """Rewrite `doc`'s quotes of the files in `folder` with those files (written beside it, then renamed: no
+    half-written document). Returns the files quoted."""
+    text, done = doc.read_text(), []
+    for path, start, end in reversed(quotes(doc)):
+        if inside(path, folder):
+            check(path.is_file(), "into", str(doc), f"quotes {path}, which the report did not write")
+            text, done = text[:start] + quote_text(path.read_text()) + text[end:], [path, *done]
     tmp = doc.with_name(doc.name + ".tmp")
-    tmp.write_text(text[:start] + "\n" + headline.strip("\n") + "\n\n" + text[end:])  # blank lines: the table stays one
+    tmp.write_text(text)
     tmp.replace(doc)
+    return done
 
 
 def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
@@ -461,7 +488,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
         out = out_dir(cfg.out)
         files, hrows = headline_from_tables(list(cfg.tables), out)
         if cfg.into:
-            write_headline_into(Path(cfg.into), (out / "headline.md").read_text())
+            refresh_quotes(Path(cfg.into), out)
         return {"out": str(out), "runs": [], "rows": [], "flips": [], "pareto": [], "files": files,
                 "report_run_id": None, "left_out": [], "decisive": hrows}
     opts = {"experiment": cfg.experiment_name, "runs": list(cfg.runs), "tags": dict(cfg.tag), "kind": list(cfg.kind),
@@ -505,6 +532,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                               "acc_worst", "on_front"))
         plots.save(plots.runs_pareto(prows), out / "pareto.png")
         files += ["pareto.csv", "pareto.png"]
+    if cfg.into:
+        refresh_quotes(Path(cfg.into), out)
 
     report_run_id = None
     if opts["log"]:
@@ -531,13 +560,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.tables:
             print((Path(res["out"]) / "headline.md").read_text(), end="")
             print(f"\nheadline of {len(cfg.tables)} tables written to {res['out']}: {', '.join(res['files'])}"
-                  + (f"; and into {cfg.into}" if cfg.into else ""))
+                  + (f"; quoted in {cfg.into}" if cfg.into else ""))
             return 0
         print((Path(res["out"]) / "comparison.md").read_text(), end="")
         left = res["left_out"]
         print(f"\n{len(res['runs']) - len(left)} of {len(res['runs'])} runs reported; written to {res['out']}: "
               f"{', '.join(res['files'])}"
-              + (f"; logged to MLflow run {res['report_run_id']}" if res["report_run_id"] else ""))
+              + (f"; logged to MLflow run {res['report_run_id']}" if res["report_run_id"] else "")
+              + (f"; quoted in {cfg.into}" if cfg.into else ""))
         for rid, why in left:
             print(f"left out {rid[:8]} {why}")
         return 0

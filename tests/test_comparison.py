@@ -141,9 +141,10 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
             headline_from_tables(specs, tmp_path / "h")
 
 
-def test_the_headline_is_written_into_a_document_between_its_markers_and_nowhere_without_them(tmp_path):
-    """`into=` replaces only the lines between `<!-- headline -->` and `<!-- /headline -->` with headline.md; a
-    document without the pair is refused in one line before any folder is written."""
+def test_a_document_quotes_the_headline_as_written_and_a_bad_document_is_refused_before_any_work(tmp_path):
+    """`into=` rewrites only the text between `<!-- quote: PATH -->` (PATH relative to the document) and
+    `<!-- /quote -->` when PATH is a file of out=; other quotes and the rest of the document stay as they were; a
+    document without a quote of out=, or with an unclosed quote, is refused in one line before out= is written."""
     from phasefix.errors import ConfigError
     from phasefix.report import report, write_csv
 
@@ -151,21 +152,28 @@ def test_the_headline_is_written_into_a_document_between_its_markers_and_nowhere
     a.mkdir()
     write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
                                    _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], comparison.COLUMNS)
-    doc = tmp_path / "results.md"
-    doc.write_text("# Results\n\nintro\n<!-- headline -->\n| old | table |\n|---|---|\n<!-- /headline -->\nafter\n")
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "results.md"
+    other = "<!-- quote: ../a/decisive.md -->\nkept by hand\n<!-- /quote -->\n"
+    doc.write_text("# Results\n\nintro\n<!-- quote: ../h/headline.md -->\n| old | table |\n|---|---|\n"
+                   "<!-- /quote -->\nafter\n" + other)
     report({"tables": [str(a)], "out": str(tmp_path / "h"), "into": str(doc)})
     headline = (tmp_path / "h" / "headline.md").read_text()
-    assert doc.read_text() == ("# Results\n\nintro\n<!-- headline -->\n\n" + headline.strip("\n")
-                               + "\n\n<!-- /headline -->\nafter\n")
+    expected = ("# Results\n\nintro\n<!-- quote: ../h/headline.md -->\n\n" + headline.strip("\n")
+                + "\n\n<!-- /quote -->\nafter\n" + other)
+    assert doc.read_text() == expected
     assert "| w4s4 | token_shift | prefix | 3/3 | 1.000 | 0.950 |" in doc.read_text()
     report({"tables": [str(a)], "out": str(tmp_path / "h"), "into": str(doc)})  # again: the same document
-    assert doc.read_text().count("| w4s4 | token_shift |") == 1
-    bare = tmp_path / "bare.md"
-    bare.write_text("# Results\n| old |\n")
-    for into, says in ((bare, "needs one line <!-- headline -->"), (tmp_path / "none.md", "is not a file")):
+    assert doc.read_text() == expected
+    for text, says in (("# Results\n| old |\n", "has no line <!-- quote: PATH --> of a file in out="),
+                       ("<!-- quote: ../h2/headline.md -->\n| old |\n", "leaves the quote of .* open"),
+                       ("<!-- /quote -->\n", "closes a quote that is not open")):
+        bad = tmp_path / "docs" / "bad.md"
+        bad.write_text(text)
         with pytest.raises(ConfigError, match=says):
-            report({"tables": [str(a)], "out": str(tmp_path / "h2"), "into": str(into)})
-        assert not (tmp_path / "h2").exists()
-    with pytest.raises(ConfigError, match="add tables="):
-        report({"runs": ["abc"], "into": str(doc)})
-    assert bare.read_text() == "# Results\n| old |\n"
+            report({"tables": [str(a)], "out": str(tmp_path / "h2"), "into": str(bad)})
+        assert not (tmp_path / "h2").exists() and bad.read_text() == text
+    with pytest.raises(ConfigError, match="is not a file"):
+        report({"tables": [str(a)], "out": str(tmp_path / "h2"), "into": str(tmp_path / "none.md")})
+    with pytest.raises(ConfigError, match="add out="):
+        report({"tables": [str(a)], "into": str(doc)})

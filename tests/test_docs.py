@@ -30,6 +30,22 @@ def test_every_run_id_the_docs_quote_is_in_a_committed_table():
     assert not missing, f"run ids quoted but in no committed docs/figures/**/comparison.csv: {missing}"
 
 
+def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
+    """A `<!-- quote: PATH -->` block in README.md or docs/ holds exactly the committed file it names (what
+    `phasefix.report ... into=DOC` writes there), so no quoted figure is a copy by hand that drifted."""
+    from phasefix.report import quote_text, quotes
+
+    seen = 0
+    for doc in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for path, start, end in quotes(doc):
+            assert path.is_file(), f"{doc.name} quotes {path}, which is not committed"
+            assert text[start:end] == quote_text(path.read_text()), \
+                f"{doc.name}'s quote of {path} differs from the file: rerun its phasefix.report command with into="
+            seen += 1
+    assert seen >= 1  # docs/results.md quotes its headline
+
+
 def test_results_open_with_the_generated_headline():
     """docs/results.md's first table is docs/figures/headline/headline.md as `phasefix.report tables=...` wrote it
     (no hand-copied figures), and every table it names is committed."""
