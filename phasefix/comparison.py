@@ -117,30 +117,48 @@ def run_members(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Ma
     return out
 
 
+def _groups(members: Sequence[Mapping]) -> dict[tuple[str, str, str], list[Mapping]]:
+    groups: dict[tuple[str, str, str], list[Mapping]] = {}
+    for m in members:
+        groups.setdefault((m["regime"], m["arm"], m["padding"]), []).append(m)
+    return groups
+
+
+def baseline_means(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) -> dict[tuple, float]:
+    """The goal's bar per (regime, padding): the baseline's mean over its learned seeds (nan if none learned), from
+    `members` or else a committed baseline row of `joined`; per (regime, padding, "lm") its mean lm_loss."""
+    bars = {}
+    for (regime, arm, pad), runs in _groups(members).items():
+        if arm == BASELINE_ARM:
+            bars[(regime, pad)] = _mean_sd([m["acc_mean"] for m in runs if m["learned"]])[0]
+            bars[(regime, pad, "lm")] = _mean_sd([_num(m.get("lm_loss")) for m in runs])[0]
+    for j in joined:  # a committed baseline row is the mean over its learned seeds, as above
+        if j["arm"] == BASELINE_ARM:
+            bars.setdefault((j["regime"], j["padding"]), j["acc_mean"] if j["learned"] else math.nan)
+            bars.setdefault((j["regime"], j["padding"], "lm"), j["lm_loss"])
+    return bars
+
+
+def meets_goal(member: Mapping, bar: float) -> bool:
+    """The goal for one run and padding: it learned, its worst residue is >= GOAL_RATIO x its mean, and its mean is
+    no lower than `bar` (the baseline's mean over learned seeds; nan: no bar)."""
+    return bool(member["learned"]) and member["acc_worst"] >= GOAL_RATIO * member["acc_mean"] \
+        and not (member["acc_mean"] < bar)
+
+
 def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), table: str = "") -> list[dict]:
     """One row per (regime, arm, padding) over `members` (`run_members` of this report's runs, and committed runs
     from `read_members` pooled with them as more seeds). `joined`: committed rows (`read_table`) of other arms of
     these regimes, kept as they are; their baseline's mean is the goal's bar where the members have no baseline.
     `table`: the folder the new rows name (a joined report). Baseline rows come first in each regime."""
-    groups: dict[tuple[str, str, str], list[Mapping]] = {}
-    for m in members:
-        groups.setdefault((m["regime"], m["arm"], m["padding"]), []).append(m)
-    base_mean = {}
-    for (regime, arm, pad), members in groups.items():
-        if arm == BASELINE_ARM:
-            base_mean[(regime, pad)] = _mean_sd([m["acc_mean"] for m in members if m["learned"]])[0]
-            base_mean[(regime, pad, "lm")] = _mean_sd([_num(m.get("lm_loss")) for m in members])[0]
-    for j in joined:  # a committed baseline row is the mean over its learned seeds, as above
-        if j["arm"] == BASELINE_ARM:
-            base_mean.setdefault((j["regime"], j["padding"]), j["acc_mean"] if j["learned"] else math.nan)
-            base_mean.setdefault((j["regime"], j["padding"], "lm"), j["lm_loss"])
+    groups = _groups(members)
+    base_mean = baseline_means(members, joined)
     out = []
     for (regime, arm, pad), members in groups.items():
         ok = [m for m in members if m["learned"]]
         bm = base_mean.get((regime, pad), math.nan)
         row = {"regime": regime, "arm": arm, "padding": pad, "seeds": len(members), "learned": len(ok),
-               "goal_met": sum(m["acc_worst"] >= GOAL_RATIO * m["acc_mean"] and not (m["acc_mean"] < bm)
-                               for m in ok),
+               "goal_met": sum(meets_goal(m, bm) for m in ok),
                "baseline_learned": not math.isnan(bm), "baseline_run": (regime, pad) in base_mean,
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in ("acc_mean", "acc_worst", "worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
@@ -238,4 +256,34 @@ def markdown(drows: Sequence[Mapping]) -> str:
                      f"{_pm(r['worst_excl_boundary'], r['worst_excl_boundary_sd'])} | "
                      f"{_pm(r['acc_gap'], r['acc_gap_sd'])} | {period} | {goal} | {_pm(r['train_seconds'], math.nan)} "
                      f"| {flops} | {entries} | {lm} |" + (f" `{r.get('table', '')}` |" if source else ""))
+    return "\n".join(lines) + "\n"
+
+
+def runs_markdown(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) -> str:
+    """Each seed of the regime x arm table (`members`, bars from them and `joined` as in `decisive_rows`): per run
+    and padding mean / worst, in bold where that run meets the goal, "not learned" where it did not learn."""
+    pads = [p for p in ("prefix", "in_sequence") if any(m["padding"] == p for m in members)]
+    pads += sorted({m["padding"] for m in members} - set(pads))
+    bars = baseline_means(members, joined)
+    by_run: dict[str, dict[str, Mapping]] = {}
+    for m in members:
+        by_run.setdefault(m["run_id"], {})[m["padding"]] = m
+    source = any(m.get("table") for m in members)
+    lines = ["| regime | arm | run | " + " | ".join(f"{p}: mean / worst" for p in pads) + " |"
+             + (" table |" if source else ""), "|" + "---|" * (3 + len(pads) + source)]
+    order = sorted(by_run.values(), key=lambda ms: (lambda m: (m["regime"], m["arm"] != BASELINE_ARM, m["arm"],
+                                                               m["run_name"]))(next(iter(ms.values()))))
+    for ms in order:
+        first = next(iter(ms.values()))
+        cells = []
+        for p in pads:
+            m = ms.get(p)
+            if m is None:
+                cells.append("")
+                continue
+            text = f"{m['acc_mean']:.3f} / {m['acc_worst']:.3f}"
+            cells.append(f"**{text}**" if meets_goal(m, bars.get((m["regime"], p), math.nan))
+                         else text if m["learned"] else f"{text} (not learned)")
+        lines.append(f"| {first['regime']} | {first['arm']} | {first['run_name']} (`{first['run_id'][:8]}`) | "
+                     + " | ".join(cells) + " |" + (f" `{first.get('table') or ''}` |" if source else ""))
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ outputs/reports/<date>-<time>):
                                    baseline and best arm at equal cache entries per token. An evaluate run of such
                                    a run (a re-scoring) joins as that run, with its own accuracy
   decisive_runs.csv                each of those runs' facts per padding, for a later `join=`
+  runs.md                          each of those runs (seed) per padding: mean / worst, bold where it meets the goal
   phase_grid_<padding>.png         one panel per regime and arm: seeds faint, mean with a min-max band, boundary marked
   worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
@@ -464,7 +465,8 @@ def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapp
     write_csv(out / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)  # a later join pools these runs
     (out / "decisive.md").write_text(comparison.markdown(drows))
     (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
-    files = ["decisive.csv", "decisive_runs.csv", "decisive.md", "headline.md"]
+    (out / "runs.md").write_text(comparison.runs_markdown(members, joined))
+    files = ["decisive.csv", "decisive_runs.csv", "decisive.md", "headline.md", "runs.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
             plots.save(plots.phase_grid(rows, curves, facts, pad), out / f"phase_grid_{pad}.png")

@@ -52,6 +52,31 @@ def test_rows_average_learned_seeds_only_and_goal_needs_baseline_mean():
     assert "| w4s4 | token_shift | prefix | 3/3 |" in md and "1/3" in md
 
 
+def test_each_seed_is_listed_with_the_goal_in_bold_where_that_run_meets_it():
+    """runs.md: the hand-checked runs above, one line per run, bold exactly where that run meets the goal (m0 only:
+    m1's mean is below the baseline's 0.85, m2's worst below 0.9 x its mean), the unlearned baseline seed marked,
+    the baseline first; a second padding is a second column."""
+    rows = [_row("b0", "prefix", 0.80, 0.30), _row("b1", "prefix", 0.90, 0.40), _row("b2", "prefix", 0.05, 0.0),
+            _row("m0", "prefix", 0.95, 0.90), _row("m1", "prefix", 0.84, 0.80), _row("m2", "prefix", 0.90, 0.70),
+            _row("m0", "in_sequence", 0.97, 0.80)]
+    facts = {"b0": _facts("w4s4", "baseline", True), "b1": _facts("w4s4", "baseline", True),
+             "b2": _facts("w4s4", "baseline", False), "m0": _facts("w4s4", "token_shift", True),
+             "m1": _facts("w4s4", "token_shift", True), "m2": _facts("w4s4", "token_shift", True)}
+    for r in rows:
+        r["run_id"] = r["run_id"] + "0" * 30
+    facts = {k + "0" * 30: v for k, v in facts.items()}
+    md = comparison.runs_markdown(comparison.run_members(rows, {}, facts))
+    lines = md.splitlines()
+    assert lines[0] == "| regime | arm | run | prefix: mean / worst | in_sequence: mean / worst |"
+    assert lines[2:] == [
+        "| w4s4 | baseline | b0 (`b0000000`) | 0.800 / 0.300 |  |",
+        "| w4s4 | baseline | b1 (`b1000000`) | 0.900 / 0.400 |  |",
+        "| w4s4 | baseline | b2 (`b2000000`) | 0.050 / 0.000 (not learned) |  |",
+        "| w4s4 | token_shift | m0 (`m0000000`) | **0.950 / 0.900** | 0.970 / 0.800 |",  # in_sequence: no bar,
+        "| w4s4 | token_shift | m1 (`m1000000`) | 0.840 / 0.800 |  |",                  # but 0.80 < 0.873
+        "| w4s4 | token_shift | m2 (`m2000000`) | 0.900 / 0.700 |  |"]
+
+
 def test_a_regime_whose_baseline_never_learns_meets_no_goal():
     rows = [_row("b0", "prefix", 0.01, 0.0), _row("m0", "prefix", 0.9, 0.9)]
     facts = {"b0": _facts("hard", "baseline", False), "m0": _facts("hard", "gate_diversity", True)}

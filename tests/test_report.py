@@ -215,6 +215,9 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path, monkeyp
     assert float(arm["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
     assert float(arm["cache_entries_per_token"]) == float(base["cache_entries_per_token"])
     assert "window_s+1" in (out / "headline.md").read_text()
+    seeds = [line for line in (out / "runs.md").read_text().splitlines() if line.startswith("| w4s4 ")]
+    assert len(seeds) == 4 and all(f"(`{rid[:8]}`)" in "".join(seeds) for rid in ids.values())
+    assert [("**" in line) for line in seeds] == [False, False, True, True]  # window_s+1's seeds meet it: bold
 
 
 def test_tracking_run_lifecycle_and_metrics_in_batches(tmp_path):
