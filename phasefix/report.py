@@ -44,7 +44,6 @@ A Hydra app (conf/report.yaml over `ReportConfig`; `--cfg` prints it): `experime
 """
 from __future__ import annotations
 
-import csv
 import math
 import re
 import statistics
@@ -59,6 +58,8 @@ from omegaconf import DictConfig
 
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
+from phasefix.quotes import inside, quotes, refresh_quotes
+from phasefix.tables import fmt, headline_from_tables, joined_rows, write_csv
 
 KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
@@ -66,7 +67,6 @@ COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "m
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
 OPTIONS = ("experiment", "runs", "tables", "join", "into", "kind", "tracking_uri", "out", "log", "verbose",
            "experiment_name")
-QUOTE_BEGIN, QUOTE_END = re.compile(r"<!-- quote: (\S+) -->"), "<!-- /quote -->"  # a document's quote of a table
 
 
 @dataclass
@@ -136,115 +136,6 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
     return cfg
 
 
-def quotes(doc: Path) -> list[tuple[Path, int, int]]:
-    """`doc`'s quotes: (the quoted file, resolved against doc's folder; the character span between the line
-    `<!-- quote: PATH -->` and its line `<!-- /quote -->`). Checked: each quote closed before the next opens."""
-    check(doc.is_file(), "into", str(doc), "is not a file")
-    found, opened, offset = [], None, 0
-    for number, line in enumerate(doc.read_text().splitlines(keepends=True), 1):
-        begin = QUOTE_BEGIN.fullmatch(line.strip())
-        if begin or line.strip() == QUOTE_END:
-            check(bool(begin) == (opened is None), "into", f"{doc}:{number}",
-                  "opens a quote inside a quote" if begin else f"closes a quote that is not open ({QUOTE_END})")
-        offset += len(line)
-        if begin:
-            opened = (doc.parent / begin.group(1), offset)
-        elif line.strip() == QUOTE_END:
-            found.append((opened[0], opened[1], offset - len(line)))
-            opened = None
-    check(opened is None, "into", str(doc), f"leaves the quote of {opened and opened[0]} open: add a line {QUOTE_END}")
-    return found
-
-
-def inside(path: Path, folder: Path) -> bool:
-    return path.resolve().is_relative_to(folder.resolve())
-
-
-def quote_text(text: str) -> str:
-    """A file's text as a quote holds it: blank lines around, so that a quoted table stays one table."""
-    return "\n" + text.strip("\n") + "\n\n"
-
-
-def refresh_quotes(doc: Path, folder: Path) -> list[Path]:
-    """Rewrite `doc`'s quotes of the files in `folder` with those files (written beside it, then renamed: no
-    half-written document). Returns the files quoted."""
-    text, done = doc.read_text(), []
-    for path, start, end in reversed(quotes(doc)):
-        if inside(path, folder):
-            check(path.is_file(), "into", str(doc), f"quotes {path}, which the report did not write")
-            text, done = text[:start] + quote_text(path.read_text()) + text[end:], [path, *done]
-    tmp = doc.with_name(doc.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(doc)
-    return done
-
-
-def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
-                selected: set[str]) -> tuple[list[dict], list[dict]]:
-    """What the committed report folders `specs` hold of the regimes in `tagged` {(regime, arm)} of the selected runs
-    (ids `selected`): (aggregate rows of arms kept as they are, runs to pool as more seeds). A folder's runs come from
-    its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written before that file) joins as
-    that row, so no new run may be of that arm. Checked before anything is written."""
-    from phasefix import comparison
-
-    regimes, rows, members, taken = {r for r, _ in tagged}, [], [], {}
-    for folder in specs:
-        path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
-        check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        runs = [m for m in (comparison.read_members(runs_path) if runs_path.is_file() else ())
-                if m["regime"] in regimes]
-        pooled = {(m["regime"], m["arm"]) for m in runs}
-        got = [r for r in comparison.read_table(path)
-               if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled]
-        check(bool(got or runs), "join", folder,
-              f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
-        for m in runs:
-            check(m["run_id"] not in selected, "join", folder, f"holds run {m['run_id'][:8]}, selected here too")
-            check(taken.setdefault(m["run_id"], folder) == folder, "join", folder,
-                  f"repeats run {m['run_id'][:8]}, already in {taken.get(m['run_id'])}")
-        for r in got:
-            key = (r["regime"], r["arm"])
-            check(key not in tagged | {(m["regime"], m["arm"]) for m in members + runs}, "join", folder,
-                  f"has arm {key[1]} of regime {key[0]} only as a table row (aggregates, not seeds), and runs of that "
-                  f"arm join too: tag the new runs with another arm")
-            check(taken.setdefault(key, folder) == folder, "join", folder,
-                  f"repeats arm {key[1]} of regime {key[0]}, already in {taken.get(key)}")
-            rows.append({**r, "table": r.get("table") or folder})
-        members += [{**m, "table": m["table"] or folder} for m in runs]
-    return rows, members
-
-
-def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], list[dict]]:
-    """The headline (each regime's baseline and best arm at equal cache entries, every padding) from committed
-    report folders' `decisive.csv`: `DIR` takes every regime of DIR's table, `DIR:A+B` regimes A and B. A regime
-    may come from one table only, so that a row's figures are those of the one comparison its table names."""
-    from phasefix import comparison
-
-    rows, source = [], {}
-    for spec in specs:
-        folder, _, regimes = spec.partition(":")
-        path = Path(folder) / "decisive.csv"
-        check(path.is_file(), "tables", spec, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        table = comparison.read_table(path)
-        present = list(dict.fromkeys(r["regime"] for r in table))
-        wanted = [r for r in regimes.split("+") if r] or present
-        missing = [r for r in wanted if r not in present]
-        check(not missing, "tables", spec, f"has no regime {', '.join(missing)} (its regimes: {', '.join(present)})")
-        got = [r for r in table if r["regime"] in wanted]
-        found = list(dict.fromkeys(r["regime"] for r in got))
-        for regime in found:
-            check(regime not in source, "tables", spec,
-                  f"repeats regime {regime}, already taken from {source.get(regime)}: name one table per regime "
-                  f"(DIR:REGIME)")
-            source[regime] = folder
-        rows += [{**r, "table": r.get("table") or folder} for r in got]  # a joined table names each row's own
-    hrows = comparison.best_rows(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
-    (out / "headline.md").write_text(comparison.markdown(hrows))
-    return ["headline.csv", "headline.md"], hrows
-
-
 def out_dir(out: str | None) -> Path:
     """`out`, or outputs/reports/<date>-<time>."""
     from phasefix.paths import OUTPUTS_DIR
@@ -303,24 +194,6 @@ def left_out(runs: Sequence, rows: Sequence[Mapping], flips: Sequence[Mapping]) 
             for r in runs if r.info.run_id not in shown]
 
 
-def _fmt(v, digits: int = 3) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return ""
-        return str(int(v)) if v.is_integer() and abs(v) >= 1 and digits == 0 else f"{v:.{digits}f}"
-    return str(v)
-
-
-def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
-    # 6 digits: the headline reads these tables back and prints 3, which 4 stored digits could round twice
-    # (0.78153 -> 0.7815 -> 0.781)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: _fmt(row.get(k, ""), 0 if k == "period_detected" else 6) for k in columns})
-
-
 def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
     def ci(lo, hi):
         return f" [{lo:.2f}, {hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
@@ -331,17 +204,17 @@ def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
         ws = "full" if r.get("attention") == "full" else (
             f"{r['window']}/{r['stride']}" if r["window"] else (r["stride"] or ""))
         lines.append(f"| {r['run_name']} (`{r['run_id'][:8]}`) | {r['kind']} | {r['task']} | {r['model']} | {ws} | "
-                     f"{r['mitigations']} | {r['padding']} | {_fmt(r['acc_mean'])} | "
-                     f"{_fmt(r['acc_worst'])}{ci(r['worst_ci_low'], r['worst_ci_high'])} | {_fmt(r['acc_best'])} | "
-                     f"{_fmt(r['acc_gap'])}{ci(r['gap_ci_low'], r['gap_ci_high'])} | "
-                     f"{_fmt(r['period_detected'], 0)} |")
+                     f"{r['mitigations']} | {r['padding']} | {fmt(r['acc_mean'])} | "
+                     f"{fmt(r['acc_worst'])}{ci(r['worst_ci_low'], r['worst_ci_high'])} | {fmt(r['acc_best'])} | "
+                     f"{fmt(r['acc_gap'])}{ci(r['gap_ci_low'], r['gap_ci_high'])} | "
+                     f"{fmt(r['period_detected'], 0)} |")
     if flips:
         lines += ["", "Flip probe:", "", "| run | model | period detected | FFT period | flip rate | range |",
                   "|---|---|---|---|---|---|"]
         for f in flips:
-            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {_fmt(_num(f['period_detected']), 0)}"
-                         f" | {_fmt(_num(f['period_fft']), 2)} | {_fmt(_num(f['flip_rate']), 2)} | "
-                         f"{_fmt(_num(f['range']), 3)} |")
+            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {fmt(_num(f['period_detected']), 0)}"
+                         f" | {fmt(_num(f['period_fft']), 2)} | {fmt(_num(f['flip_rate']), 2)} | "
+                         f"{fmt(_num(f['range']), 3)} |")
     return "\n".join(lines) + "\n"
 
 

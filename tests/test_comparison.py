@@ -136,7 +136,7 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     the first and w8s8 from the second, reads integers and blanks (nan) back, and refuses a regime named twice or
     absent."""
     from phasefix.errors import ConfigError
-    from phasefix.report import headline_from_tables, write_csv
+    from phasefix.tables import headline_from_tables, write_csv
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
@@ -171,7 +171,8 @@ def test_a_document_quotes_the_headline_as_written_and_a_bad_document_is_refused
     `<!-- /quote -->` when PATH is a file of out=; other quotes and the rest of the document stay as they were; a
     document without a quote of out=, or with an unclosed quote, is refused in one line before out= is written."""
     from phasefix.errors import ConfigError
-    from phasefix.report import report, write_csv
+    from phasefix.report import report
+    from phasefix.tables import write_csv
 
     a = tmp_path / "a"
     a.mkdir()

@@ -33,7 +33,7 @@ def test_every_run_id_the_docs_quote_is_in_a_committed_table():
 def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
     """A `<!-- quote: PATH -->` block in README.md or docs/ holds exactly the committed file it names (what
     `phasefix.report ... into=DOC` writes there), so no quoted figure is a copy by hand that drifted."""
-    from phasefix.report import quote_text, quotes
+    from phasefix.quotes import quote_text, quotes
 
     seen = 0
     for doc in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]:

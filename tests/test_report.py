@@ -345,7 +345,7 @@ def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp
     is written."""
     from phasefix import comparison
     from phasefix.errors import ConfigError
-    from phasefix.report import headline_from_tables, write_csv
+    from phasefix.tables import headline_from_tables, write_csv
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)

@@ -1,0 +1,96 @@
+"""Committed report folders, without MLflow: how a report writes its CSV tables (`write_csv`) and how a later
+report reads folders back, to grow a comparison with new runs (`join=`: `joined_rows`) or to gather the headline
+(`tables=`: `headline_from_tables`)."""
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from phasefix.errors import check
+
+
+def fmt(v, digits: int = 3) -> str:
+    """A table cell: a float to `digits` places (nan: blank; a whole number with digits=0: no point)."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        return str(int(v)) if v.is_integer() and abs(v) >= 1 and digits == 0 else f"{v:.{digits}f}"
+    return str(v)
+
+
+def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
+    # 6 digits: the headline reads these tables back and prints 3, which 4 stored digits could round twice
+    # (0.78153 -> 0.7815 -> 0.781)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: fmt(row.get(k, ""), 0 if k == "period_detected" else 6) for k in columns})
+
+
+def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
+                selected: set[str]) -> tuple[list[dict], list[dict]]:
+    """What the committed report folders `specs` hold of the regimes in `tagged` {(regime, arm)} of the selected runs
+    (ids `selected`): (aggregate rows of arms kept as they are, runs to pool as more seeds). A folder's runs come from
+    its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written before that file) joins as
+    that row, so no new run may be of that arm. Checked before anything is written."""
+    from phasefix import comparison
+
+    regimes, rows, members, taken = {r for r, _ in tagged}, [], [], {}
+    for folder in specs:
+        path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
+        check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
+        runs = [m for m in (comparison.read_members(runs_path) if runs_path.is_file() else ())
+                if m["regime"] in regimes]
+        pooled = {(m["regime"], m["arm"]) for m in runs}
+        got = [r for r in comparison.read_table(path)
+               if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled]
+        check(bool(got or runs), "join", folder,
+              f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
+        for m in runs:
+            check(m["run_id"] not in selected, "join", folder, f"holds run {m['run_id'][:8]}, selected here too")
+            check(taken.setdefault(m["run_id"], folder) == folder, "join", folder,
+                  f"repeats run {m['run_id'][:8]}, already in {taken.get(m['run_id'])}")
+        for r in got:
+            key = (r["regime"], r["arm"])
+            check(key not in tagged | {(m["regime"], m["arm"]) for m in members + runs}, "join", folder,
+                  f"has arm {key[1]} of regime {key[0]} only as a table row (aggregates, not seeds), and runs of that "
+                  f"arm join too: tag the new runs with another arm")
+            check(taken.setdefault(key, folder) == folder, "join", folder,
+                  f"repeats arm {key[1]} of regime {key[0]}, already in {taken.get(key)}")
+            rows.append({**r, "table": r.get("table") or folder})
+        members += [{**m, "table": m["table"] or folder} for m in runs]
+    return rows, members
+
+
+def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], list[dict]]:
+    """The headline (each regime's baseline and best arm at equal cache entries, every padding) from committed
+    report folders' `decisive.csv`: `DIR` takes every regime of DIR's table, `DIR:A+B` regimes A and B. A regime
+    may come from one table only, so that a row's figures are those of the one comparison its table names."""
+    from phasefix import comparison
+
+    rows, source = [], {}
+    for spec in specs:
+        folder, _, regimes = spec.partition(":")
+        path = Path(folder) / "decisive.csv"
+        check(path.is_file(), "tables", spec, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
+        table = comparison.read_table(path)
+        present = list(dict.fromkeys(r["regime"] for r in table))
+        wanted = [r for r in regimes.split("+") if r] or present
+        missing = [r for r in wanted if r not in present]
+        check(not missing, "tables", spec, f"has no regime {', '.join(missing)} (its regimes: {', '.join(present)})")
+        got = [r for r in table if r["regime"] in wanted]
+        found = list(dict.fromkeys(r["regime"] for r in got))
+        for regime in found:
+            check(regime not in source, "tables", spec,
+                  f"repeats regime {regime}, already taken from {source.get(regime)}: name one table per regime "
+                  f"(DIR:REGIME)")
+            source[regime] = folder
+        rows += [{**r, "table": r.get("table") or folder} for r in got]  # a joined table names each row's own
+    hrows = comparison.best_rows(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
+    (out / "headline.md").write_text(comparison.markdown(hrows))
+    return ["headline.csv", "headline.md"], hrows
