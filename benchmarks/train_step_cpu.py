@@ -8,6 +8,7 @@ per-repeat ratios; the compiled model's first steps (its compile) are timed apar
 
     python benchmarks/train_step_cpu.py +experiment=records64 model.head_dim=64 model.window=9 --threads 1
     python benchmarks/train_step_cpu.py --steps 5 --repeats 5          # the CPU default (W4/S4 tiny)
+    python benchmarks/train_step_cpu.py +experiment=records64 --profile  # where one eager step's time goes
 
 Figures and the machine they came from: docs/performance.md, "Training step on the CPU".
 """
@@ -74,9 +75,19 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="compiled steps before timing (the compile itself)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="instead: profile one eager step (torch.profiler)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, batch, optim, cfg = build(args.overrides, args.seed)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        step = stepper(model, batch, optim)
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        return
     compiled = copy.deepcopy(model)
     compiled.compile()
     eager_step, compiled_step = stepper(model, batch, optim), stepper(compiled, batch, optim)
