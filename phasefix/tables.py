@@ -93,4 +93,33 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
     (out / "headline.md").write_text(comparison.markdown(hrows))
-    return ["headline.csv", "headline.md"], hrows
+    (out / "runs.md").write_text(headline_runs(hrows, source, rows))
+    return ["headline.csv", "headline.md", "runs.md"], hrows
+
+
+def headline_runs(hrows: Sequence[Mapping], source: Mapping[str, str], rows: Sequence[Mapping]) -> str:
+    """runs.md of a headline: each run behind its rows (`comparison.runs_markdown`, the goal's bar from `rows`),
+    read from the `decisive_runs.csv` of the folder each regime came from (`source`) and of the table each row
+    names; a row whose table predates decisive_runs.csv is named below the table, with where its runs are."""
+    from phasefix import comparison
+
+    members, seen, unlisted = [], set(), {}
+    for r in hrows:
+        key = (r["regime"], r["arm"], r["padding"])
+        found = 0
+        for folder in dict.fromkeys((source[r["regime"]], r["table"])):
+            path = Path(folder) / "decisive_runs.csv"
+            for m in comparison.read_members(path) if path.is_file() else ():
+                if (m["regime"], m["arm"], m["padding"]) == key:
+                    found += 1
+                    if (m["run_id"], m["padding"]) not in seen:
+                        seen.add((m["run_id"], m["padding"]))
+                        members.append(m)
+        if not found:
+            unlisted.setdefault((r["regime"], r["arm"]), r["table"])
+    text = comparison.runs_markdown(members, rows) if members else ""
+    if unlisted:
+        text += ("\nNot listed per run (their tables predate `decisive_runs.csv`; each run is in the table's "
+                 "`comparison.md`): " + "; ".join(f"{regime} {arm} (`{table}`)"
+                                                  for (regime, arm), table in unlisted.items()) + ".\n")
+    return text

@@ -149,7 +149,21 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     assert len(back) == 1 and back[0]["seeds"] == 1 and back[0]["learned"] == 0 and math.isnan(back[0]["lm_loss"])
     assert back[0]["baseline_run"] and not back[0]["baseline_learned"]
     files, hrows = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
-    assert files == ["headline.csv", "headline.md"]
+    assert files == ["headline.csv", "headline.md", "runs.md"]
+    assert (tmp_path / "h" / "runs.md").read_text() == (  # neither folder records its runs one by one
+        f"\nNot listed per run (their tables predate `decisive_runs.csv`; each run is in the table's `comparison.md`): "
+        f"w4s4 baseline (`{a}`); w4s4 token_shift (`{a}`); w8s8 baseline (`{b}`); w8s8 token_shift (`{b}`).\n")
+    # with b's runs recorded (decisive_runs.csv), the headline lists them, bold where a run meets the goal
+    runs = [{"run_id": f"{i}" * 32, "run_name": f"{arm}-s{i}", "regime": "w8s8", "arm": arm, "padding": "prefix",
+             "learned": True, "acc_mean": mean, "acc_worst": worst, "table": str(b)}
+            for i, arm, mean, worst in ((1, "baseline", 0.8, 0.3), (2, "token_shift", 1.0, 0.95))]
+    write_csv(b / "decisive_runs.csv", runs, comparison.MEMBER_COLUMNS)
+    headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
+    listed = (tmp_path / "h" / "runs.md").read_text().splitlines()
+    assert listed[2:4] == [f"| w8s8 | baseline | baseline-s1 (`11111111`) | 0.800 / 0.300 | `{b}` |",
+                           f"| w8s8 | token_shift | token_shift-s2 (`22222222`) | **1.000 / 0.950** | `{b}` |"]
+    assert "w8s8" not in listed[-1] and "w4s4 token_shift" in listed[-1]
+    (b / "decisive_runs.csv").unlink()
     assert [(r["regime"], r["arm"], r["table"]) for r in hrows] == [
         ("w4s4", "baseline", str(a)), ("w4s4", "token_shift", str(a)),
         ("w8s8", "baseline", str(b)), ("w8s8", "token_shift", str(b))]
