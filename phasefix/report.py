@@ -23,7 +23,8 @@ outputs/reports/<date>-<time>):
 
 `tables=` reads no MLflow run: it builds headline.csv / headline.md (each regime's baseline and best arm at equal
 cache entries per token, every padding, the source table named per row) from committed report folders'
-`decisive.csv`, one table per regime (docs/results.md opens with it).
+`decisive.csv`, one table per regime, and runs.md (each run behind those rows, from the folders' decisive_runs.csv)
+(docs/results.md opens with them; phasefix.tables).
 
 `into=DOC` (with `out=`): a document quotes a written table between a line `<!-- quote: PATH -->` (PATH relative to
 the document's folder, like its links) and a line `<!-- /quote -->`; after writing, every quote in DOC of a file in
