@@ -133,7 +133,7 @@ def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, monkeypatch):
     """Kill a CLI run with SIGKILL right after its first checkpoint (no handler runs), `resume=last`: same final
     metrics and weights as an uninterrupted run with the same seed, in the same MLflow run, no point logged twice."""
-    steps = ["trainer.max_steps=40", "trainer.checkpoint_every_n_steps=10", "eval.n_boot=20",
+    steps = ["trainer.max_steps=20", "trainer.checkpoint_every_n_steps=10", "eval.n_boot=20",
              "trainer.log_every_n_steps=1"]
     reference = fit(compose(FAST + steps + run_overrides(tmp_path, "reference")))
 
