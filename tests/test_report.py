@@ -199,9 +199,13 @@ def test_regime_tagged_runs_get_the_decisive_table_and_figures(tmp_path, monkeyp
         drawn.update(losses)
         return draw(losses, facts)
     monkeypatch.setattr(plots, "loss_curves", spy)
+    doc = tmp_path / "results.md"  # a document quoting the seeds table this report writes
+    doc.write_text("# dec\n<!-- quote: out/runs.md -->\n<!-- /quote -->\n")
     res = report([f"tracking_uri={uri}", "experiment=decisive", "tag.comparison=dec", f"out={tmp_path / 'out'}",
-                  "log=false"])
+                  "log=false", f"into={doc}"])
     out = tmp_path / "out"
+    assert doc.read_text() == "# dec\n<!-- quote: out/runs.md -->\n\n" + (out / "runs.md").read_text() \
+        + "\n<!-- /quote -->\n"
     assert set(drawn) == set(ids.values())  # the loss figure shows the table's runs, not the killed one
     assert {"decisive.csv", "decisive.md", "headline.md", "phase_grid_prefix.png", "worst_vs_mean.png",
             "train_loss.png"} <= set(res["files"])
