@@ -1,6 +1,6 @@
 """`python -m phasefix.report [experiment=NAME] [runs=ID1,ID2] [tag.KEY=VALUE ...] [kind=fit,evaluate] [out=DIR]`
    `python -m phasefix.report tables=DIR[:REGIME+REGIME],... out=DIR`
-   either with `into=DOC`: also refresh DOC's quotes of the files written to `out`
+   either form with `into=DOC`: also rewrite DOC's quotes of the files written to `out`
 
 Compares MLflow runs of `phasefix.fit` and `phasefix.evaluate` by phase and writes, to `out` (default
 outputs/reports/<date>-<time>):
