@@ -21,6 +21,8 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
+from phasefix.data.layout import PADDINGS
+
 LEARNED_FACTOR = 5.0
 GOAL_RATIO = 0.9  # worst >= GOAL_RATIO x mean
 BASELINE_ARM = "baseline"
@@ -262,8 +264,7 @@ def markdown(drows: Sequence[Mapping]) -> str:
 def runs_markdown(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) -> str:
     """Each seed of the regime x arm table (`members`, bars from them and `joined` as in `decisive_rows`): per run
     and padding mean / worst, in bold where that run meets the goal, "not learned" where it did not learn."""
-    pads = [p for p in ("prefix", "in_sequence") if any(m["padding"] == p for m in members)]
-    pads += sorted({m["padding"] for m in members} - set(pads))
+    pads = [p for p in PADDINGS if any(m["padding"] == p for m in members)]
     bars = baseline_means(members, joined)
     by_run: dict[str, dict[str, Mapping]] = {}
     for m in members:
@@ -271,9 +272,11 @@ def runs_markdown(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) ->
     source = any(m.get("table") for m in members)
     lines = ["| regime | arm | run | " + " | ".join(f"{p}: mean / worst" for p in pads) + " |"
              + (" table |" if source else ""), "|" + "---|" * (3 + len(pads) + source)]
-    order = sorted(by_run.values(), key=lambda ms: (lambda m: (m["regime"], m["arm"] != BASELINE_ARM, m["arm"],
-                                                               m["run_name"]))(next(iter(ms.values()))))
-    for ms in order:
+    def order(ms):  # baseline first in each regime, then arms and runs by name
+        m = next(iter(ms.values()))
+        return m["regime"], m["arm"] != BASELINE_ARM, m["arm"], m["run_name"]
+
+    for ms in sorted(by_run.values(), key=order):
         first = next(iter(ms.values()))
         cells = []
         for p in pads:

@@ -103,13 +103,20 @@ def headline_runs(hrows: Sequence[Mapping], source: Mapping[str, str], rows: Seq
     names; a row whose table predates decisive_runs.csv is named below the table, with where its runs are."""
     from phasefix import comparison
 
+    recorded: dict[str, list[dict]] = {}  # each folder's decisive_runs.csv, read once
+
+    def runs_of(folder: str) -> list[dict]:
+        if folder not in recorded:
+            path = Path(folder) / "decisive_runs.csv"
+            recorded[folder] = comparison.read_members(path) if path.is_file() else []
+        return recorded[folder]
+
     members, seen, unlisted = [], set(), {}
     for r in hrows:
         key = (r["regime"], r["arm"], r["padding"])
         found = 0
         for folder in dict.fromkeys((source[r["regime"]], r["table"])):
-            path = Path(folder) / "decisive_runs.csv"
-            for m in comparison.read_members(path) if path.is_file() else ():
+            for m in runs_of(folder):
                 if (m["regime"], m["arm"], m["padding"]) == key:
                     found += 1
                     if (m["run_id"], m["padding"]) not in seen:
