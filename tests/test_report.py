@@ -247,7 +247,7 @@ def test_tracking_run_lifecycle_and_metrics_in_batches(tmp_path):
     assert sorted((m.step, m.value) for m in c.get_metric_history(ids[0], "by_step")) == [(10, 1.0), (30, 3.0)]
 
 
-def test_ctrl_c_during_a_metric_write_lands_after_it_and_the_run_still_ends_killed(tmp_path, monkeypatch):
+def test_ctrl_c_during_a_metric_write_lands_after_it_and_the_run_still_ends_killed(tmp_path, monkeypatch, request):
     """A Ctrl-C that arrives inside the logger's MLflow write (CI once caught one inside sqlite: the interrupted
     connection kept the database locked and ending the run KILLED failed) waits until the write is done: the points
     are in the store, then the KeyboardInterrupt, and the run ends KILLED."""
@@ -268,7 +268,8 @@ def test_ctrl_c_during_a_metric_write_lands_after_it_and_the_run_still_ends_kill
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(MlflowClient, "log_batch", ctrl_c_mid_write)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even if pytest was started with `&`
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     logger = RunLogger(experiment_name="interrupt", tracking_uri=uri, run_id=rid)
     with pytest.raises(KeyboardInterrupt):
         with tracking.running(c, rid):

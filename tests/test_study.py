@@ -637,7 +637,9 @@ def test_confirm_jobs_run_in_their_own_processes_and_sigterm_stops_them_all(tmp_
     d.mkdir()
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from test_study import sleepy_job; "
             f"from phasefix.study.confirm import run_jobs; run_jobs(sleepy_job, [({str(d)!r}, 300, False)] * 3, 2)")
-    parent = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    # started the way `cmd &` in a script starts it: SIGINT ignored, which its jobs inherit unless they restore Ctrl-C
+    parent = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN) and None)
     deadline = time.time() + 120
     while len(list(d.iterdir())) < 2 and time.time() < deadline:
         time.sleep(0.1)

@@ -113,6 +113,9 @@ def fit_job(overrides: list[str]) -> tuple[str | None, str | None]:
 
 
 def _job_process(fit_fn, i: int, call, results) -> None:
+    from phasefix.study.runner import ctrl_c_stops_this_process
+
+    ctrl_c_stops_this_process()
     results.put((i, fit_fn(call)))
 
 

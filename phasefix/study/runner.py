@@ -239,11 +239,19 @@ def run_worker(spec: StudySpec, url: str, n_trials: int, worker: int = 0, thread
 def _worker_process(spec: StudySpec, url: str, n_trials: int, worker: int, threads: int, fit_fn: FitFn | None,
                     log: Path) -> None:
     """The body of one of `workers=K`'s processes: output to its log file, exit code from run_worker."""
+    ctrl_c_stops_this_process()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
     sys.exit(run_worker(spec, url, n_trials, worker=worker, threads=threads, fit_fn=fit_fn))
+
+
+def ctrl_c_stops_this_process() -> None:
+    """For a child process, first thing: Ctrl-C (the SIGINT `stop_processes` sends) raises KeyboardInterrupt. A parent
+    started with `&` by a script (a non-interactive shell) ignores SIGINT, its children inherit that, and SIGTERM to
+    the parent would then leave each child training until `stop_processes` kills it, without its checkpoint."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager
