@@ -21,7 +21,7 @@ from phasefix.paths import CONF_DIR, PROJECT_ROOT
 
 # Seconds-long runs: a few steps on a small training set, small evaluation sets.
 FAST = ["trainer.max_steps=24", "trainer.val_every_n_steps=12", "trainer.checkpoint_every_n_steps=8",
-        "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16", "eval.per_residue=2",
+        "trainer.batch_size=16", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16", "eval.per_residue=2",
         "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
 
 
@@ -322,7 +322,7 @@ def test_resume_with_raised_max_steps_trains_the_extra_steps_and_logs_one_curve(
     changed model key is refused with one line and nothing written; resuming a finished run trains nothing."""
     from phasefix.run import Run
 
-    small = FAST + ["trainer.max_steps=16", "trainer.batch_size=16", "trainer.log_every_n_steps=1",
+    small = FAST + ["trainer.max_steps=16", "trainer.log_every_n_steps=1",
                     "trainer.val_every_n_steps=8"]
     first = fit(compose(small + run_overrides(tmp_path)))
     out = tmp_path / "run"
@@ -363,7 +363,7 @@ def test_fork_continues_as_a_new_run_and_leaves_the_named_run_as_it_was(tmp_path
     points before step 16 copied, renamed and re-tagged) with the same final phase accuracy as resuming the run
     itself to 24 steps (resume is checked against an uninterrupted run above); the named run's files and MLflow
     history are untouched. A fork without resume, or one that changes the run's identity, is refused in one line."""
-    small = FAST + ["trainer.max_steps=16", "trainer.batch_size=16", "trainer.log_every_n_steps=1",
+    small = FAST + ["trainer.max_steps=16", "trainer.log_every_n_steps=1",
                     "trainer.val_every_n_steps=8"]
     first = fit(compose(small + run_overrides(tmp_path)))
     out, fork_dir = tmp_path / "run", tmp_path / "fork"
@@ -424,7 +424,7 @@ def test_ctrl_c_checkpoints_the_step_exits_130_and_resume_last_continues(tmp_pat
     # child inherits an ignored SIGINT, so the run would never see the signal
     proc = subprocess.Popen([sys.executable, "-m", "phasefix.fit", *FAST, "trainer.max_steps=100000",
                              "trainer.checkpoint_every_n_steps=100000", "trainer.log_every_n_steps=1",
-                             "trainer.batch_size=16", f"logger.tracking_uri={uri}"], env=env,
+                             f"logger.tracking_uri={uri}"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     c = MlflowClient(tracking_uri=uri)
