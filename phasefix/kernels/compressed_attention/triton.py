@@ -24,8 +24,6 @@ Must import with torch and triton alone (no phasefix import); the reference is `
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
