@@ -453,7 +453,7 @@ def test_confirm_ranks_goal_meeting_feasible_distinct_trials_first(tmp_path, mlf
                                          "optim.lr=0.002"]
 
 
-def test_dashboard_serves_the_committed_trials_on_localhost_and_stops_on_ctrl_c(tmp_path, mlflow_db):
+def test_dashboard_serves_the_committed_trials_on_localhost_and_stops_on_ctrl_c(tmp_path, mlflow_db, capsys):
     """`dashboard=PORT import_trials=...` on a new storage: optuna-dashboard on 127.0.0.1 shows the study with its
     objective names and every finished trial of the trials.csv; Ctrl-C ends it with exit code 0; a taken port is one
     line naming the key."""
@@ -488,9 +488,10 @@ def test_dashboard_serves_the_committed_trials_on_localhost_and_stops_on_ctrl_c(
                                                                            "final/prefix/acc_worst"]
         assert len(study["trials"]) == 3 and {t["state"] for t in study["trials"]} == {"Complete"}
         # the same port again: taken
-        taken = subprocess.run(cmd[:5] + [f"storage=sqlite:///{tmp_path / 'browse.db'}"], capture_output=True,
-                               text=True, cwd=PROJECT_ROOT, timeout=120)
-        assert taken.returncode == 2 and f"dashboard={port} is invalid" in taken.stderr
+        from phasefix.study.__main__ import main
+
+        assert main(cmd[3:5] + [f"storage=sqlite:///{tmp_path / 'browse.db'}"]) == 2
+        assert f"dashboard={port} is invalid" in capsys.readouterr().err
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
