@@ -21,8 +21,8 @@ from phasefix.paths import CONF_DIR, PROJECT_ROOT
 
 # Seconds-long runs: a few steps on a small training set, small evaluation sets.
 FAST = ["trainer.max_steps=24", "trainer.val_every_n_steps=12", "trainer.checkpoint_every_n_steps=8",
-        "trainer.batch_size=16", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16", "eval.per_residue=2",
-        "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
+        "trainer.batch_size=16", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16",
+        "eval.per_residue=2", "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
 
 
 def run_overrides(tmp_path: Path, name: str = "run") -> list[str]:
