@@ -19,7 +19,7 @@ from phasefix.errors import ConfigError
 from phasefix.fit import compose, fit, main
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
 
-# Seconds-long runs: a few steps on a small training set, small evaluation sets.
+# Seconds-long runs: a few steps of 16 sequences on a small training set, small evaluation sets.
 FAST = ["trainer.max_steps=24", "trainer.val_every_n_steps=12", "trainer.checkpoint_every_n_steps=8",
         "trainer.batch_size=16", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16",
         "eval.per_residue=2", "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
