@@ -490,7 +490,7 @@ def test_dashboard_serves_the_committed_trials_on_localhost_and_stops_on_ctrl_c(
         # the same port again: taken
         from phasefix.study.__main__ import main
 
-        assert main(cmd[3:5] + [f"storage=sqlite:///{tmp_path / 'browse.db'}"]) == 2
+        assert main([f"spec={path}", f"dashboard={port}", f"storage=sqlite:///{tmp_path / 'browse.db'}"]) == 2
         assert f"dashboard={port} is invalid" in capsys.readouterr().err
     finally:
         proc.send_signal(signal.SIGINT)
