@@ -31,9 +31,10 @@ COLUMNS = ("regime", "arm", "padding", "seeds", "learned", "acc_mean", "acc_mean
            "cache_entries_per_token", "lm_loss", "lm_loss_change", "run_ids")
 
 
-def _num(x) -> float:
+def number(x) -> float:
+    """A table cell or logged value as a float: blank, None or not a number -> nan."""
     try:
-        return float(x) if x not in (None, "") else math.nan
+        return float(x) if x is not None else math.nan
     except (TypeError, ValueError):
         return math.nan
 
@@ -51,7 +52,7 @@ def model_config(params: Mapping[str, str]):
 
 def chance(params: Mapping[str, str]) -> float:
     """Chance accuracy of the lookup: one of data.num_values values."""
-    n = _num(params.get("data.num_values"))
+    n = number(params.get("data.num_values"))
     return 1.0 / n if n > 0 else math.nan
 
 
@@ -113,7 +114,7 @@ def run_members(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Ma
         f = facts.get(r["run_id"], {})
         if not f.get("regime"):
             continue
-        stride = f.get("stride") or int(_num(r.get("stride")) or 1)
+        stride = f.get("stride") or int(number(r.get("stride")) or 1)
         curve = curves.get((r["run_id"], r["padding"])) or []
         out.append({**r, **f, "worst_excl_boundary": worst_excluding_boundary(curve, stride) if curve else math.nan})
     return out
@@ -133,7 +134,7 @@ def baseline_means(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) -
     for (regime, arm, pad), runs in _groups(members).items():
         if arm == BASELINE_ARM:
             bars[(regime, pad)] = _mean_sd([m["acc_mean"] for m in runs if m["learned"]])[0]
-            bars[(regime, pad, "lm")] = _mean_sd([_num(m.get("lm_loss")) for m in runs])[0]
+            bars[(regime, pad, "lm")] = _mean_sd([number(m.get("lm_loss")) for m in runs])[0]
     for j in joined:  # a committed baseline row is the mean over its learned seeds, as above
         if j["arm"] == BASELINE_ARM:
             bars.setdefault((j["regime"], j["padding"]), j["acc_mean"] if j["learned"] else math.nan)
@@ -164,8 +165,8 @@ def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), ta
                "baseline_learned": not math.isnan(bm), "baseline_run": (regime, pad) in base_mean,
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in ("acc_mean", "acc_worst", "worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
-            row[k], row[k + "_sd"] = _mean_sd([_num(m.get(k)) for m in ok])
-        periods = [m["period_detected"] for m in ok if not math.isnan(_num(m.get("period_detected")))]
+            row[k], row[k + "_sd"] = _mean_sd([number(m.get(k)) for m in ok])
+        periods = [m["period_detected"] for m in ok if not math.isnan(number(m.get("period_detected")))]
         row["period"] = statistics.mode(periods) if periods else math.nan
         for k in ("compressor_flops_per_token", "cache_entries_per_token"):
             row[k] = members[0].get(k, math.nan)
@@ -213,7 +214,7 @@ def read_table(path) -> list[dict]:
         rows = list(csv.DictReader(f))
     out = []
     for r in rows:
-        row = {k: (v if k in TEXT_COLUMNS else int(v) if k in INT_COLUMNS else _num(v)) for k, v in r.items()}
+        row = {k: (v if k in TEXT_COLUMNS else int(v) if k in INT_COLUMNS else number(v)) for k, v in r.items()}
         base = [b for b in rows if b["regime"] == r["regime"] and b["padding"] == r["padding"]
                 and b["arm"] == BASELINE_ARM]
         for k in ("worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
@@ -229,7 +230,7 @@ def read_members(path) -> list[dict]:
     import csv
 
     with open(path, newline="") as f:
-        return [{k: (v == "True" if k == "learned" else v if k in MEMBER_TEXT else _num(v)) for k, v in r.items()}
+        return [{k: (v == "True" if k == "learned" else v if k in MEMBER_TEXT else number(v)) for k, v in r.items()}
                 for r in csv.DictReader(f)]
 
 
@@ -250,7 +251,7 @@ def markdown(drows: Sequence[Mapping]) -> str:
             f"{r['lm_loss']:.3f}" + ("" if math.isnan(r["lm_loss_change"]) else f" ({r['lm_loss_change']:+.1%})"))
         goal = (f"{r['goal_met']}/{r['seeds']}" if r["baseline_learned"] else
                 "baseline not learned" if r.get("baseline_run", True) else "no baseline run")
-        period = "" if math.isnan(_num(r["period"])) else str(int(r["period"]))
+        period = "" if math.isnan(number(r["period"])) else str(int(r["period"]))
         flops = "" if math.isnan(r["compressor_flops_per_token"]) else f"{r['compressor_flops_per_token']:,.0f}"
         entries = "" if math.isnan(r["cache_entries_per_token"]) else f"{r['cache_entries_per_token']:.3f}"
         lines.append(f"| {r['regime']} | {r['arm']} | {r['padding']} | {r['learned']}/{r['seeds']} | "

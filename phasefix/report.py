@@ -23,7 +23,8 @@ outputs/reports/<date>-<time>):
 
 `tables=` reads no MLflow run: it builds headline.csv / headline.md (each regime's baseline and best arm at equal
 cache entries per token, every padding, the source table named per row) from committed report folders'
-`decisive.csv`, one table per regime, and runs.md (each run behind those rows, from the folders' decisive_runs.csv)
+`decisive.csv`, one table per regime, runs.md (each run behind those rows) and worst_vs_mean_<padding>.png (those
+runs by regime), the runs from the folders' decisive_runs.csv or, older, decisive.csv with comparison.csv
 (docs/results.md opens with them; phasefix.tables).
 
 `into=DOC` (with `out=`): a document quotes a written table between a line `<!-- quote: PATH -->` (PATH relative to
@@ -57,6 +58,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from phasefix.comparison import number
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 from phasefix.quotes import inside, quotes, refresh_quotes
@@ -144,13 +146,6 @@ def out_dir(out: str | None) -> Path:
     return Path(out) if out else OUTPUTS_DIR / "reports" / datetime.now().strftime("%Y-%m-%d-%H%M%S")
 
 
-def _num(x) -> float:
-    try:
-        return float(x) if x is not None else math.nan
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
     """(table rows per run and padding, phase curves {(run_id, padding): curve}, flip rows)."""
     from phasefix import tracking
@@ -175,15 +170,15 @@ def collect(c, runs: Sequence) -> tuple[list[dict], dict, list[dict]]:
         if not pads:
             continue
         summary = tracking.read_artifact_json(c, rid, "summary.json") or {}
-        base.update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
+        base.update(train_seconds=number(summary.get("train_seconds")), lm_loss=number(summary.get("lm_loss")))
         for pad in pads:
             s = summary.get(pad, {})
             wci, gci = s.get("worst_ci") or [None, None], s.get("gap_ci") or [None, None]
             rows.append({**base, "padding": pad,
                          **{k: metrics.get(tracking.phase_metric("final", pad, k), math.nan) for k in
                             ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio")},
-                         "worst_ci_low": _num(wci[0]), "worst_ci_high": _num(wci[1]),
-                         "gap_ci_low": _num(gci[0]), "gap_ci_high": _num(gci[1])})
+                         "worst_ci_low": number(wci[0]), "worst_ci_high": number(wci[1]),
+                         "gap_ci_low": number(gci[0]), "gap_ci_high": number(gci[1])})
             curves[(rid, pad)] = tracking.metric_curve(c, rid, f"phase_acc/{pad}")
     return rows, curves, flips
 
@@ -213,9 +208,9 @@ def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
         lines += ["", "Flip probe:", "", "| run | model | period detected | FFT period | flip rate | range |",
                   "|---|---|---|---|---|---|"]
         for f in flips:
-            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {fmt(_num(f['period_detected']), 0)}"
-                         f" | {fmt(_num(f['period_fft']), 2)} | {fmt(_num(f['flip_rate']), 2)} | "
-                         f"{fmt(_num(f['range']), 3)} |")
+            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {fmt(number(f['period_detected']), 0)}"
+                         f" | {fmt(number(f['period_fft']), 2)} | {fmt(number(f['flip_rate']), 2)} | "
+                         f"{fmt(number(f['range']), 3)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -235,7 +230,7 @@ def seed_rows(rows: Sequence[Mapping]) -> list[dict]:
                "goal_met": sum(m["acc_worst"] >= 0.9 * m["acc_mean"] for m in members),
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in SEED_METRICS:
-            vals = [m[k] for m in members if not math.isnan(_num(m.get(k)))]
+            vals = [m[k] for m in members if not math.isnan(number(m.get(k)))]
             row[k] = statistics.fmean(vals) if vals else math.nan
             row[k + "_sd"] = statistics.stdev(vals) if len(vals) > 1 else math.nan
         out.append(row)
@@ -316,7 +311,7 @@ def regime_facts(c, runs: Sequence, sources: Mapping) -> dict:
              if r.data.tags.get("regime") or r.info.run_id in sources}
     for rid, src in sources.items():
         summary = tracking.read_artifact_json(c, src.info.run_id, "summary.json") or {}
-        facts[rid].update(train_seconds=_num(summary.get("train_seconds")), lm_loss=_num(summary.get("lm_loss")))
+        facts[rid].update(train_seconds=number(summary.get("train_seconds")), lm_loss=number(summary.get("lm_loss")))
     return facts
 
 

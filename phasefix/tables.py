@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from phasefix import comparison
 from phasefix.errors import check
 
 
@@ -36,8 +37,6 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
     (ids `selected`): (aggregate rows of arms kept as they are, runs to pool as more seeds). A folder's runs come from
     its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written before that file) joins as
     that row, so no new run may be of that arm. Checked before anything is written."""
-    from phasefix import comparison
-
     regimes, rows, members, taken = {r for r, _ in tagged}, [], [], {}
     for folder in specs:
         path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
@@ -65,11 +64,51 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
     return rows, members
 
 
+def folder_members(folder: str | Path) -> list[dict]:
+    """The runs a committed report folder holds, one per run and padding, as `comparison.read_members` gives them:
+    its `decisive_runs.csv`, or for a folder written before that file, rebuilt from `decisive.csv` (which runs each
+    regime x arm holds, and how many of them learned) and `comparison.csv` (each run's scores). Learned is a threshold
+    on the prefix mean, so a row's learned runs are its `learned` highest prefix means. What comparison.csv has no
+    column for (worst excluding the boundary, training time, lm_loss) is left nan; the costs are the arm's. A row that
+    names another table (a joined one) is left to that table."""
+    folder = Path(folder)
+    if (folder / "decisive_runs.csv").is_file():
+        return comparison.read_members(folder / "decisive_runs.csv")
+    if not ((folder / "decisive.csv").is_file() and (folder / "comparison.csv").is_file()):
+        return []
+    with open(folder / "comparison.csv", newline="") as f:
+        scores: dict[str, dict[str, dict]] = {}  # run id -> padding -> its comparison.csv row
+        for s in csv.DictReader(f):
+            scores.setdefault(s["run_id"], {})[s["padding"]] = s
+    out = []
+    for row in comparison.read_table(folder / "decisive.csv"):
+        if row.get("table"):
+            continue
+        runs = [[rid for rid in scores if rid.startswith(short)] for short in row["run_ids"].split()]
+        runs = [ids[0] for ids in runs if len(ids) == 1]  # a short id no run of comparison.csv (or two) has: unlisted
+        prefix = {rid: comparison.number(scores[rid].get("prefix", {}).get("acc_mean")) for rid in runs}
+        learned = sorted((rid for rid in runs if not math.isnan(prefix[rid])), key=prefix.get,
+                         reverse=True)[:row["learned"]]
+        for rid in runs:
+            s = scores[rid].get(row["padding"])
+            if s is None:
+                continue
+            out.append({"run_id": rid, "run_name": s["run_name"], "regime": row["regime"], "arm": row["arm"],
+                        "padding": row["padding"], "learned": rid in learned,
+                        **{k: comparison.number(s[k])
+                           for k in ("acc_mean", "acc_worst", "acc_gap", "period_detected")},
+                        **{k: math.nan for k in ("worst_excl_boundary", "train_seconds", "lm_loss")},
+                        **{k: row[k] for k in ("compressor_flops_per_token", "cache_entries_per_token")},
+                        "table": ""})
+    return out
+
+
 def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], list[dict]]:
     """The headline (each regime's baseline and best arm at equal cache entries, every padding) from committed
     report folders' `decisive.csv`: `DIR` takes every regime of DIR's table, `DIR:A+B` regimes A and B. A regime
     may come from one table only, so that a row's figures are those of the one comparison its table names."""
-    from phasefix import comparison
+    from phasefix import plots
+    from phasefix.data.layout import PADDINGS
 
     rows, source = [], {}
     for spec in specs:
@@ -93,40 +132,46 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
     (out / "headline.md").write_text(comparison.markdown(hrows))
-    (out / "runs.md").write_text(headline_runs(hrows, source, rows))
-    return ["headline.csv", "headline.md", "runs.md"], hrows
+    members, unlisted = headline_members(hrows, source)
+    (out / "runs.md").write_text(headline_runs(members, unlisted, rows))
+    files = ["headline.csv", "headline.md", "runs.md"]
+    bars = comparison.baseline_means(members, rows)
+    for pad in PADDINGS:
+        if any(m["padding"] == pad for m in members):
+            plots.save(plots.headline_worst_vs_mean(members, bars, pad), out / f"worst_vs_mean_{pad}.png")
+            files.append(f"worst_vs_mean_{pad}.png")
+    return files, hrows
 
 
-def headline_runs(hrows: Sequence[Mapping], source: Mapping[str, str], rows: Sequence[Mapping]) -> str:
-    """runs.md of a headline: each run behind its rows (`comparison.runs_markdown`, the goal's bar from `rows`),
-    read from the `decisive_runs.csv` of the folder each regime came from (`source`) and of the table each row
-    names; a row whose table predates decisive_runs.csv is named below the table, with where its runs are."""
-    from phasefix import comparison
-
-    recorded: dict[str, list[dict]] = {}  # each folder's decisive_runs.csv, read once
-
-    def runs_of(folder: str) -> list[dict]:
-        if folder not in recorded:
-            path = Path(folder) / "decisive_runs.csv"
-            recorded[folder] = comparison.read_members(path) if path.is_file() else []
-        return recorded[folder]
+def headline_members(hrows: Sequence[Mapping], source: Mapping[str, str]) -> tuple[list[dict], dict]:
+    """The runs behind a headline's rows (`folder_members` of the folder each regime came from, `source`, and of the
+    table each row names), and the (regime, arm) rows none of those folders lists, with their table."""
+    recorded: dict[str, list[dict]] = {}  # each folder's runs, read once
 
     members, seen, unlisted = [], set(), {}
     for r in hrows:
         key = (r["regime"], r["arm"], r["padding"])
         found = 0
         for folder in dict.fromkeys((source[r["regime"]], r["table"])):
-            for m in runs_of(folder):
+            if folder not in recorded:
+                recorded[folder] = folder_members(folder)
+            for m in recorded[folder]:
                 if (m["regime"], m["arm"], m["padding"]) == key:
                     found += 1
                     if (m["run_id"], m["padding"]) not in seen:
                         seen.add((m["run_id"], m["padding"]))
-                        members.append(m)
+                        members.append({**m, "table": m["table"] or folder})
         if not found:
             unlisted.setdefault((r["regime"], r["arm"]), r["table"])
+    return members, unlisted
+
+
+def headline_runs(members: Sequence[Mapping], unlisted: Mapping[tuple[str, str], str],
+                  rows: Sequence[Mapping]) -> str:
+    """runs.md of a headline: each run behind its rows (`comparison.runs_markdown`, the goal's bar from `rows`); the
+    rows whose runs no folder lists are named below the table, with where their runs are."""
     text = comparison.runs_markdown(members, rows) if members else ""
     if unlisted:
-        text += ("\nNot listed per run (their tables predate `decisive_runs.csv`; each run is in the table's "
-                 "`comparison.md`): " + "; ".join(f"{regime} {arm} (`{table}`)"
-                                                  for (regime, arm), table in unlisted.items()) + ".\n")
+        text += ("\nNot listed per run (each run is in the table's `comparison.md`): "
+                 + "; ".join(f"{regime} {arm} (`{table}`)" for (regime, arm), table in unlisted.items()) + ".\n")
     return text

@@ -151,14 +151,16 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     files, hrows = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
     assert files == ["headline.csv", "headline.md", "runs.md"]
     assert (tmp_path / "h" / "runs.md").read_text() == (  # neither folder records its runs one by one
-        f"\nNot listed per run (their tables predate `decisive_runs.csv`; each run is in the table's `comparison.md`): "
+        f"\nNot listed per run (each run is in the table's `comparison.md`): "
         f"w4s4 baseline (`{a}`); w4s4 token_shift (`{a}`); w8s8 baseline (`{b}`); w8s8 token_shift (`{b}`).\n")
     # with b's runs recorded (decisive_runs.csv), the headline lists them, bold where a run meets the goal
     runs = [{"run_id": f"{i}" * 32, "run_name": f"{arm}-s{i}", "regime": "w8s8", "arm": arm, "padding": "prefix",
              "learned": True, "acc_mean": mean, "acc_worst": worst, "table": str(b)}
             for i, arm, mean, worst in ((1, "baseline", 0.8, 0.3), (2, "token_shift", 1.0, 0.95))]
     write_csv(b / "decisive_runs.csv", runs, comparison.MEMBER_COLUMNS)
-    headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
+    files, _ = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
+    assert files[3:] == ["worst_vs_mean_prefix.png"]  # the runs it lists, by regime
+    assert (tmp_path / "h" / "worst_vs_mean_prefix.png").stat().st_size > 0
     listed = (tmp_path / "h" / "runs.md").read_text().splitlines()
     assert listed[2:4] == [f"| w8s8 | baseline | baseline-s1 (`11111111`) | 0.800 / 0.300 | `{b}` |",
                            f"| w8s8 | token_shift | token_shift-s2 (`22222222`) | **1.000 / 0.950** | `{b}` |"]
@@ -178,6 +180,53 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
                         ([str(tmp_path)], "decisive.csv")):
         with pytest.raises(ConfigError, match=says):
             headline_from_tables(specs, tmp_path / "h")
+
+
+def test_a_folder_written_before_decisive_runs_csv_gives_its_runs_from_its_two_tables(tmp_path):
+    """decisive.csv says which runs a regime x arm holds and how many learned; comparison.csv scores each run. Of
+    the baseline's three runs two learned: those are the two highest prefix means (0.7, 0.8; not 0.1, even though
+    its in-sequence mean is the highest), whatever order the ids come in. The bar is their mean, 0.75 on prefix;
+    the arm's runs meet the goal where worst >= 0.9 x mean and mean >= 0.75 (by hand: s0 yes, s1 no: 0.6 < 0.75,
+    s2 no: 0.5 < 0.9 x 0.9). A run comparison.csv lacks is not listed; a row naming another table is left to it."""
+    import csv
+
+    from phasefix.tables import folder_members, headline_from_tables, write_csv
+
+    f = tmp_path / "old"
+    f.mkdir()
+    ids = {name: str(i) * 8 + "a" * 24 for i, name in enumerate(("base-s0", "base-s1", "base-s2", "arm-s0",
+                                                                   "arm-s1", "arm-s2"))}
+    scores = {  # run: (prefix mean, worst), (in-sequence mean, worst)
+        "base-s0": ((0.1, 0.0), (0.95, 0.5)), "base-s1": ((0.8, 0.3), (0.8, 0.3)), "base-s2": ((0.7, 0.2), (0.7, 0.2)),
+        "arm-s0": ((0.95, 0.9), (0.9, 0.85)), "arm-s1": ((0.6, 0.58), (0.6, 0.58)), "arm-s2": ((0.9, 0.5), (0.9, 0.5))}
+    with open(f / "comparison.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run_id", "run_name", "kind", "padding", "acc_mean", "acc_worst", "acc_gap", "period_detected"])
+        for name, pads in scores.items():
+            for pad, (mean, worst) in zip(("prefix", "in_sequence"), pads):
+                w.writerow([ids[name], name, "fit", pad, mean, worst, mean - worst, 8])
+    base = " ".join(ids[n][:8] for n in ("base-s2", "base-s0", "base-s1"))
+    arm = " ".join(ids[n][:8] for n in ("arm-s0", "arm-s1", "arm-s2")) + " deadbeef"  # no such run scored
+    drows = [{**_drow("w8s8", "baseline", p, 3, 2, 0.75, 0.25, 0), "run_ids": base} for p in ("prefix",)]
+    drows += [{**_drow("w8s8", "shift", p, 3, 3, 0.8, 0.66, 1), "run_ids": arm} for p in ("prefix",)]
+    drows += [{**_drow("w8s8", "other", "prefix", 3, 3, 0.9, 0.9, 3, entries=1.0), "table": "docs/figures/elsewhere"}]
+    write_csv(f / "decisive.csv", drows, (*comparison.COLUMNS, "table"))
+    members = folder_members(f)
+    assert {(m["run_name"], m["padding"], m["learned"]) for m in members} == {
+        ("base-s0", "prefix", False), ("base-s1", "prefix", True), ("base-s2", "prefix", True),
+        ("arm-s0", "prefix", True), ("arm-s1", "prefix", True), ("arm-s2", "prefix", True)}
+    s1 = next(m for m in members if m["run_name"] == "base-s1")
+    assert (s1["run_id"], s1["acc_mean"], s1["acc_worst"], s1["cache_entries_per_token"]) == (ids["base-s1"], 0.8,
+                                                                                               0.3, 0.5)
+    assert math.isnan(s1["train_seconds"]) and math.isnan(s1["worst_excl_boundary"])
+    headline_from_tables([f"{f}:w8s8"], tmp_path / "h")
+    assert (tmp_path / "h" / "runs.md").read_text().splitlines()[2:] == [
+        f"| w8s8 | baseline | base-s0 (`{ids['base-s0'][:8]}`) | 0.100 / 0.000 (not learned) | `{f}` |",
+        f"| w8s8 | baseline | base-s1 (`{ids['base-s1'][:8]}`) | 0.800 / 0.300 | `{f}` |",
+        f"| w8s8 | baseline | base-s2 (`{ids['base-s2'][:8]}`) | 0.700 / 0.200 | `{f}` |",
+        f"| w8s8 | shift | arm-s0 (`{ids['arm-s0'][:8]}`) | **0.950 / 0.900** | `{f}` |",
+        f"| w8s8 | shift | arm-s1 (`{ids['arm-s1'][:8]}`) | 0.600 / 0.580 | `{f}` |",
+        f"| w8s8 | shift | arm-s2 (`{ids['arm-s2'][:8]}`) | 0.900 / 0.500 | `{f}` |"]
 
 
 def test_a_document_quotes_the_headline_as_written_and_a_bad_document_is_refused_before_any_work(tmp_path):

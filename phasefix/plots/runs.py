@@ -157,6 +157,59 @@ def worst_vs_mean(rows: Sequence[Mapping], facts: Mapping[str, Mapping], padding
     return fig
 
 
+def headline_worst_vs_mean(members: Sequence[Mapping], bars: Mapping, padding: str = "prefix"):
+    """The headline's runs (`phasefix.tables.headline_members`): one panel per regime, each run's worst residue
+    against its mean, the unmitigated runs grey and the regime's best arm coloured (hollow: not learned), with the
+    goal drawn as a region: worst >= 0.9 x mean (dashed) and mean >= the unmitigated mean (dotted, `bars`
+    {(regime, padding): mean over the baseline's learned seeds}, as `comparison.baseline_means` gives them)."""
+    from phasefix.comparison import meets_goal
+
+    members = [m for m in members if m["padding"] == padding and not math.isnan(m["acc_mean"])]
+    regimes = list(dict.fromkeys(m["regime"] for m in members))
+    ncols = min(4, max(len(regimes), 1))
+    nrows = max(math.ceil(len(regimes) / ncols), 1)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.5 * ncols + 0.4, 2.5 * nrows + 0.4), squeeze=False,
+                             sharey=True)
+    for ax in axes.flat[len(regimes):]:
+        ax.set_visible(False)
+    for ax, regime in zip(axes.flat, regimes):
+        runs = [m for m in members if m["regime"] == regime]
+        bar = bars.get((regime, padding), math.nan)
+        start = 0.0 if math.isnan(bar) else bar
+        ax.fill_between([start, 1.0], [GOAL_RATIO * start, GOAL_RATIO], [start, 1.0], color="tab:green", alpha=0.12,
+                        lw=0)
+        ax.plot([0, 1], [0, GOAL_RATIO], color="black", lw=0.7, ls="--")
+        if not math.isnan(bar):
+            ax.axvline(bar, color="grey", lw=0.8, ls=":")
+        arms = [a for a in dict.fromkeys(m["arm"] for m in runs) if a != BASELINE_ARM]
+        for m in runs:
+            color = "tab:grey" if m["arm"] == BASELINE_ARM else "tab:blue"
+            ax.scatter(m["acc_mean"], m["acc_worst"], s=22, edgecolors=color, lw=1, alpha=0.85,
+                       facecolors=color if m["learned"] else "none")
+        met = [meets_goal(m, bar) for m in runs if m["arm"] != BASELINE_ARM]
+        ax.set_title(f"{regime}\n{', '.join(arms) or 'no arm'}", fontsize=7)
+        ax.text(0.03, 0.97, f"goal met {sum(met)}/{len(met)}", ha="left", va="top", fontsize=6.5,
+                transform=ax.transAxes)
+        ax.tick_params(labelsize=6)
+        ax.set_xlim(0, 1.02)
+        ax.set_ylim(-0.02, 1.02)
+    for i, ax in enumerate(axes.flat[:len(regimes)]):
+        if i + ncols >= len(regimes):  # no panel below it
+            ax.set_xlabel("mean over residues", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("worst residue", fontsize=7)
+    handles = [plt.Line2D([], [], ls="", marker="o", color="tab:grey", label="unmitigated (one run)"),
+               plt.Line2D([], [], ls="", marker="o", color="tab:blue", label="the regime's best arm (one run)"),
+               plt.Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="not learned"),
+               plt.Line2D([], [], color="black", lw=0.7, ls="--", label=f"worst = {GOAL_RATIO} x mean"),
+               plt.Line2D([], [], color="grey", lw=0.8, ls=":", label="unmitigated mean (learned seeds)"),
+               plt.matplotlib.patches.Patch(color="tab:green", alpha=0.25, label="goal met")]
+    fig.suptitle(f"Headline runs, {padding} padding: worst residue against mean", fontsize=9, x=0.01, ha="left")
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", ncol=3, fontsize=7, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    return fig
+
+
 def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mapping]):
     """Training loss against step, one panel per regime, one colour per arm (each seed its own line): shows
     whether a budget let the loss go flat, and which arms left the plateau later. `losses`: {run_id: loss by step,
