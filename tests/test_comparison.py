@@ -266,3 +266,27 @@ def test_a_document_quotes_the_headline_as_written_and_a_bad_document_is_refused
         report({"tables": [str(a)], "out": str(tmp_path / "h2"), "into": str(tmp_path / "none.md")})
     with pytest.raises(ConfigError, match="add out="):
         report({"tables": [str(a)], "into": str(doc)})
+
+
+def test_the_headline_figure_draws_each_regimes_runs_in_its_own_panel_and_counts_the_goal_by_hand():
+    """Two regimes: w4s4's arm has one run meeting the goal (0.95 / 0.9) and one under the mean bar 0.85 (0.8 /
+    0.8, worst 1.0 x mean but mean < bar); w8s8's arm one run that did not learn (hollow) and one meeting it. In-
+    sequence members and a run with no mean are not drawn."""
+    def member(regime, arm, mean, worst, learned=True, padding="prefix"):
+        return {"regime": regime, "arm": arm, "padding": padding, "learned": learned, "acc_mean": mean,
+                "acc_worst": worst}
+
+    members = [member("w4s4", "baseline", 0.85, 0.2), member("w4s4", "t5", 0.95, 0.9), member("w4s4", "t5", 0.8, 0.8),
+               member("w8s8", "baseline", 0.7, 0.3), member("w8s8", "w9_spread", 0.1, 0.05, learned=False),
+               member("w8s8", "w9_spread", 0.99, 0.95), member("w8s8", "w9_spread", math.nan, math.nan),
+               member("w8s8", "w9_spread", 0.5, 0.5, padding="in_sequence")]
+    fig = plots.headline_worst_vs_mean(members, {("w4s4", "prefix"): 0.85, ("w8s8", "prefix"): 0.7})
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["w4s4\nt5", "w8s8\nw9_spread"]
+    for ax, points, hollow, met in ((panels[0], {(0.85, 0.2), (0.95, 0.9), (0.8, 0.8)}, 0, "goal met 1/2"),
+                                    (panels[1], {(0.7, 0.3), (0.1, 0.05), (0.99, 0.95)}, 1, "goal met 1/2")):
+        drawn = [c for c in ax.collections if type(c).__name__ == "PathCollection"]  # one scatter per run
+        assert {tuple(round(float(v), 6) for v in c.get_offsets()[0]) for c in drawn} == points
+        assert sum(len(c.get_facecolors()) == 0 for c in drawn) == hollow  # not learned: no fill
+        assert [t.get_text() for t in ax.texts] == [met]
+    matplotlib.pyplot.close(fig)
