@@ -85,7 +85,8 @@ def folder_members(folder: str | Path) -> list[dict]:
         if row.get("table"):
             continue
         matches = [[rid for rid in scores if rid.startswith(short)] for short in row["run_ids"].split()]
-        runs = [ids[0] for ids in matches if len(ids) == 1]  # a short id no run of comparison.csv (or two) has: unlisted
+        # a short id that no run of comparison.csv has (or two do) is left unlisted
+        runs = [ids[0] for ids in matches if len(ids) == 1]
         prefix = {rid: comparison.number(scores[rid].get("prefix", {}).get("acc_mean")) for rid in runs}
         learned = sorted((rid for rid in runs if not math.isnan(prefix[rid])), key=prefix.get,
                          reverse=True)[:row["learned"]]

@@ -2,6 +2,7 @@
 import math
 
 import matplotlib
+from matplotlib.collections import PathCollection
 import pytest
 
 from phasefix import comparison, plots
@@ -285,7 +286,7 @@ def test_the_headline_figure_draws_each_regimes_runs_in_its_own_panel_and_counts
     assert [ax.get_title() for ax in panels] == ["w4s4\nt5", "w8s8\nw9_spread"]
     for ax, points, hollow, met in ((panels[0], {(0.85, 0.2), (0.95, 0.9), (0.8, 0.8)}, 0, "goal met 1/2"),
                                     (panels[1], {(0.7, 0.3), (0.1, 0.05), (0.99, 0.95)}, 1, "goal met 1/2")):
-        drawn = [c for c in ax.collections if type(c).__name__ == "PathCollection"]  # one scatter per run
+        drawn = [c for c in ax.collections if isinstance(c, PathCollection)]  # one scatter per run
         assert {tuple(round(float(v), 6) for v in c.get_offsets()[0]) for c in drawn} == points
         assert sum(len(c.get_facecolors()) == 0 for c in drawn) == hollow  # not learned: no fill
         assert [t.get_text() for t in ax.texts] == [met]
