@@ -72,7 +72,8 @@ def timed(step, clock=time.perf_counter) -> float:
 
 def time_pair(T: int, backward: bool, args) -> dict:
     cmp_in, full_in = make_inputs(T, args.heads, args.kv_heads, args.head_dim, args.stride)
-    steps = {"full": step_fn("full", full_in, args, backward), "compressed": step_fn("compressed", cmp_in, args, backward)}
+    steps = {"full": step_fn("full", full_in, args, backward),
+             "compressed": step_fn("compressed", cmp_in, args, backward)}
     for step in steps.values():  # warm-up
         step()
     times = {"full": [], "compressed": []}

@@ -1,8 +1,8 @@
 """Compressed attention on a GPU: bf16 correctness and speed against full attention (issue 7).
 
 One prepared script for a lent H200 (or any CUDA GPU):
-  1. correctness: the Triton kernels in bf16 against the float32 blocked path (phasefix.kernels.compressed_attention.blocked,
-     itself tested against the naive reference), output and
+  1. correctness: the Triton kernels in bf16 against the float32 blocked path
+     (phasefix.kernels.compressed_attention.blocked, itself tested against the naive reference), output and
      the gradients of q, k, v, k_cmp, v_cmp and sink, at T = --check-len;
   2. speed, forward and forward+backward, for T in --seqlens:
      - `triton`: phasefix.kernels.compressed_attention.triton (S=4, local window 128, sink on),

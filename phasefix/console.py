@@ -26,10 +26,10 @@ def quiet(verbose: bool = False) -> None:
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
     for msg in (r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",
                 r".*Total length of .* across ranks is zero.*", r".*smaller than the logging interval.*",
-                r".*your dataloader is not resumable.*",
+                r".*your dataloader is not resumable.*",  # StepBatchSampler is: batches are a function of the step
                 # ckpt_path=None with an OnExceptionCheckpoint: Lightning looks for a "last" one (fit refuses an
                 # output_dir that holds checkpoints, so a new run finds none)
-                r".*was called without a model.*", r".*is set, but there is no last checkpoint available.*"):  # StepBatchSampler is: batches are a function of the step
+                r".*was called without a model.*", r".*is set, but there is no last checkpoint available.*"):
         warnings.filterwarnings("ignore", message=msg)
     try:
         import datasets

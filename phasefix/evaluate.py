@@ -310,7 +310,8 @@ def print_summary(summary: dict) -> None:
         if pad in summary:
             s = summary[pad]
             if pad == next(p for p in PADDINGS if p in summary):
-                print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")
+                print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}"
+                      "  curve by residue")
             print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
                   f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {sparkline(s['per_residue'])}")
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")

@@ -110,7 +110,7 @@ def resume_config(cfg: DictConfig):
     flat_default = tracking.flatten(C.to_container(compose([])))  # what the user did not set
     missing, refused = object(), []
     for key, value in tracking.flatten(C.to_container(cfg)).items():
-        if key in ("resume", "fork") or flat_default.get(key, missing) == value or flat_stored.get(key, missing) == value:
+        if key in ("resume", "fork") or value in (flat_default.get(key, missing), flat_stored.get(key, missing)):
             continue
         if not any(key == k or key.startswith(k + ".") for k in changeable):
             refused.append(f"{key}={value} (the run has {flat_stored.get(key)})")
@@ -227,8 +227,9 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             callbacks = [
                 PeriodicCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
                                 every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
-                ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean"),
-                                mode="max", save_top_k=1, auto_insert_metric_name=False),
+                ModelCheckpoint(dirpath=ckpt_dir, filename="best", mode="max", save_top_k=1,
+                                auto_insert_metric_name=False,
+                                monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean")),
                 LastCheckpoint(dirpath=ckpt_dir, filename="last"),
                 TrainClock(before_seconds),
                 *([console.TrainProgress(cfg.eval.paddings[0])] if cfg.trainer.progress_bar and not verbose else []),
@@ -269,7 +270,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                 tracking.log_dict(c, run_id, summary, "summary.json")
             return summary
         except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
-            if isinstance(e, SystemExit) and not isinstance(e, SIGTERMException) and not (trainer and trainer.interrupted):
+            interrupted = isinstance(e, SIGTERMException) or (trainer is not None and trainer.interrupted)
+            if isinstance(e, SystemExit) and not interrupted:
                 raise
             step = f" at step {trainer.global_step}" if trainer is not None else ""
             saved = f"; checkpoint {ckpt_dir / 'last.ckpt'}" if (ckpt_dir / "last.ckpt").exists() else ""
@@ -329,7 +331,8 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
 
 
 def print_summary(summary: dict) -> None:
-    shape = "full" if summary["attention"] == "full" else f"{summary['attention']}, W{summary['window']}/S{summary['stride']}"
+    shape = ("full" if summary["attention"] == "full"
+             else f"{summary['attention']}, W{summary['window']}/S{summary['stride']}")
     print(f"\nphasefix fit: {summary['model']} ({shape}), "
           f"trained in {summary['train_seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
     print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")

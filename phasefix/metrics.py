@@ -177,7 +177,8 @@ class PhaseAccuracy(Metric):
 
     def update(self, correct: torch.Tensor, residue: torch.Tensor, cluster: torch.Tensor | None = None) -> None:
         correct, residue = torch.as_tensor(correct).reshape(-1), torch.as_tensor(residue).reshape(-1)
-        if correct.numel() != residue.numel() or (cluster is not None and torch.as_tensor(cluster).numel() != residue.numel()):
+        n_cluster = residue.numel() if cluster is None else torch.as_tensor(cluster).numel()
+        if correct.numel() != residue.numel() or n_cluster != residue.numel():
             raise ConfigError(f"PhaseAccuracy.update: correct, residue and cluster must have the same length "
                               f"(got {correct.numel()}, {residue.numel()}"
                               f"{'' if cluster is None else ', ' + str(torch.as_tensor(cluster).numel())})")

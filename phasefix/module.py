@@ -51,7 +51,8 @@ class PhaseFixModule(L.LightningModule):
             m.setup(self.model)
         self.needs_gates = any(m.needs_gates for m in self.mitigations)
         self.paddings = tuple(paddings)
-        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=1)  # intervals only at the end
+        # n_boot=1: the bootstrap intervals are computed only at the end
+        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=1)
                                            for _ in self.paddings)
 
     # ---- training ----

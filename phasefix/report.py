@@ -37,9 +37,10 @@ machine): the runs of the selected runs' regimes in DIR's `decisive_runs.csv` ar
 and an arm DIR has only as a `decisive.csv` row (older tables) is carried as it is, each row naming its table; a
 new arm is judged against the committed baseline's mean where the selection has no baseline run of its regime.
 
-Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix) whose tags match all
-`tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The comparison is also logged
-to a new MLflow run tagged `phasefix.kind=report` (`log=false` skips it). `tracking_uri=` picks the store.
+Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix)
+whose tags match all `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The
+comparison is also logged to a new MLflow run tagged `phasefix.kind=report` (`log=false` skips it). `tracking_uri=`
+picks the store.
 A Hydra app (conf/report.yaml over `ReportConfig`; `--cfg` prints it): `experiment=` is the key `experiment_name`
 (`experiment` is fit's config group), `runs=a,b` and `tag.KEY=VALUE` are rewritten to `runs=['a','b']` and
 `+tag.KEY='VALUE'` (`shim`).
@@ -208,7 +209,8 @@ def markdown(rows: Sequence[Mapping], flips: Sequence[Mapping] = ()) -> str:
         lines += ["", "Flip probe:", "", "| run | model | period detected | FFT period | flip rate | range |",
                   "|---|---|---|---|---|---|"]
         for f in flips:
-            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | {fmt(number(f['period_detected']), 0)}"
+            lines.append(f"| {f['run_name']} (`{f['run_id'][:8]}`) | {f['model']} | "
+                         f"{fmt(number(f['period_detected']), 0)}"
                          f" | {fmt(number(f['period_fft']), 2)} | {fmt(number(f['flip_rate']), 2)} | "
                          f"{fmt(number(f['range']), 3)} |")
     return "\n".join(lines) + "\n"
@@ -367,8 +369,9 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     c = tracking.client(opts["tracking_uri"])
     runs = tracking.select_runs(c, experiment=opts["experiment"], run_ids=opts["runs"], tags=opts["tags"],
                                 kinds=opts["kind"])
+    tag_options = " ".join(f"tag.{k}={v}" for k, v in opts["tags"].items())
     where = (f"runs={','.join(opts['runs'])}" if opts["runs"] else
-             f"experiment={opts['experiment'] or 'phasefix'} " + " ".join(f"tag.{k}={v}" for k, v in opts["tags"].items()))
+             f"experiment={opts['experiment'] or 'phasefix'} {tag_options}")
     check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")

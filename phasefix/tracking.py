@@ -378,8 +378,9 @@ def resolve_run_id(c, spec: str, key: str = "run") -> str:
 
 def select_runs(c: MlflowClient, *, experiment: str | None = None, run_ids: "Sequence[str]" = (),
                 tags: Mapping[str, str] | None = None, kinds: "Sequence[str]" = ("fit", "evaluate")) -> list:
-    """Runs by id or unique id prefix (in that order), or those of `experiment` whose tags all match and whose `phasefix.kind` is in
-    `kinds` (oldest first). Raises ConfigError naming the option when nothing can be selected (phasefix.report)."""
+    """Runs by id or unique id prefix (in that order), or those of `experiment` whose tags all match and whose
+    `phasefix.kind` is in `kinds` (oldest first). Raises ConfigError naming the option when nothing can be selected
+    (phasefix.report)."""
     tags = dict(tags or {})
     if run_ids:
         runs = [c.get_run(resolve_run_id(c, rid, key="runs")) for rid in run_ids]  # ids or unique prefixes

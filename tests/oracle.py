@@ -3,8 +3,8 @@ The attention implementations (phasefix/kernels/) are tested against
 `phasefix/kernels/compressed_attention/naive.py` (a dense masked softmax); this loop formulation of the whole model
 checks that reference in turn (test_model.py).
 
-It shares no code with `phasefix.model` or `phasefix.kernels`: it reads the model's parameters by name and recomputes the
-logits with its own RMSNorm, its own RoPE (rotate-half on the last `rope_dims` dims of each head), its own pooling
+It shares no code with `phasefix.model` or `phasefix.kernels`: it reads the model's parameters by name and recomputes
+the logits with its own RMSNorm, its own RoPE (rotate-half on the last `rope_dims` dims of each head), its own pooling
 loop over windows and slots and its own attention loop over queries and heads, straight from the definitions:
 
 - window j ends at token (j+1)S-1-d and starts at (j+1)S-W-d (d = the layer's grid offset, 0 in the paper);

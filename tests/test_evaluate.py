@@ -185,7 +185,8 @@ def test_evaluate_hf_model_logs_like_a_fit(hf_dir, tmp_path, task):
     assert run.data.tags["phasefix.kind"] == "evaluate" and run.data.tags["task"] == task
     assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "phase_acc/prefix")) == list(range(PERIOD))
     assert "final/in_sequence/acc_worst" in run.data.metrics
-    assert {"phase_curves.png", "phase_table.csv", "summary.json"} <= {a.path for a in c.list_artifacts(run.info.run_id)}
+    artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"phase_curves.png", "phase_table.csv", "summary.json"} <= artifacts
 
 
 def test_flip_probe_gives_a_difference_per_length(hf_dir, tokenizer, tmp_path):
@@ -269,7 +270,8 @@ def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
     cfg = compose(["data=lm_mix", "model.vocab_size=384", "data.text_before=16"])
     run_dir = tmp_path / "lmrun"
     _save_fit_run(run_dir, cfg)
-    plain_length = len(make_phase_eval("kv_lookup", "prefix", per_residue=1, **eval_task_kwargs(cfg.data))[0]["input_ids"])
+    plain_prompt = make_phase_eval("kv_lookup", "prefix", per_residue=1, **eval_task_kwargs(cfg.data))[0]
+    plain_length = len(plain_prompt["input_ids"])
     base = [f"model={run_dir}", "task=kv_lookup", "per_residue=1", "padding=prefix"]
     with_text = evaluate(base + run_args(tmp_path, "a"))
     assert with_text["prompts"]["prefix"]["prompt_length"] == plain_length + 16
@@ -282,9 +284,11 @@ def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
         evaluate([f"model={plain_run}", "task=kv_lookup", "text=true"] + run_args(tmp_path, "c"))
 
 
-@pytest.mark.parametrize("args,key", [(["task=kv_lookup"], "model="), (["model=/nonexistent", "task=kv_lookup"], "model="),
-                                      (["model=x", "task=bogus"], "task="), (["model=x", "task=flip", "colour=1"], "unknown key colour"),
-                                          (["model=x", "task=flip", "per_residu=1"], "did you mean per_residue?")])
+@pytest.mark.parametrize("args,key", [(["task=kv_lookup"], "model="),
+                                      (["model=/nonexistent", "task=kv_lookup"], "model="),
+                                      (["model=x", "task=bogus"], "task="),
+                                      (["model=x", "task=flip", "colour=1"], "unknown key colour"),
+                                      (["model=x", "task=flip", "per_residu=1"], "did you mean per_residue?")])
 def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):
     assert main(args + [f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]  # MLflow may log too

@@ -100,7 +100,8 @@ def test_phase_accuracy_summary_against_numpy():
     assert out["acc_gap"].item() == pytest.approx(acc.max() - acc.min())
     k = np.array([c[r == i].sum() for i in range(8)])
     lo, hi = wilson_interval(k, 40, z=1.959964)
-    assert np.allclose(out["wilson_low"].numpy(), lo, atol=1e-6) and np.allclose(out["wilson_high"].numpy(), hi, atol=1e-6)
+    assert np.allclose(out["wilson_low"].numpy(), lo, atol=1e-6)
+    assert np.allclose(out["wilson_high"].numpy(), hi, atol=1e-6)
     assert out["worst_ci"][0] <= out["acc_worst"] + 0.05 and out["gap_ci"][1] >= out["acc_gap"] - 0.05
     # The weak phases repeat every 4: detected, folded and periodicity all follow.
     assert out["period_detected"].item() == 4 and out["fold_stride"].item() == 4

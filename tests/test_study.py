@@ -332,7 +332,8 @@ def test_metrics_are_named_as_logged_and_the_earlier_spelling_means_the_same(tmp
     `lm_loss` (studies being run keep their file): both spellings give the same study."""
     from phasefix.study import load_spec, metric_value
 
-    logged = load_spec(write_study(tmp_path, "sqlite://", objectives=["final/prefix/acc_mean", "final/prefix/acc_worst"],
+    logged = load_spec(write_study(tmp_path, "sqlite://",
+                                   objectives=["final/prefix/acc_mean", "final/prefix/acc_worst"],
                                    constraints=[{"metric": "final/lm_loss", "max": 2.0}],
                                    pruning=[{"step": 6, "metric": "val/prefix/acc_gap", "max": 0.9}]))
     earlier = load_spec(write_study(tmp_path, "sqlite://", objectives=["prefix.acc_mean", "prefix.acc_worst"],
@@ -448,7 +449,8 @@ def test_confirm_ranks_goal_meeting_feasible_distinct_trials_first(tmp_path, mlf
     assert trial_overrides(spec, study.trials[1]) == ["optim.lr=0.003"]
     gd = optuna.trial.create_trial(values=[0.5, 0.5], params={"mitigations": "gate_diversity",
                                                               "gate_diversity_weight": 0.2, "lr": 0.002},
-                                   distributions={**dists, "gate_diversity_weight": FloatDistribution(0.01, 1, log=True)})
+                                   distributions={**dists,
+                                                  "gate_diversity_weight": FloatDistribution(0.01, 1, log=True)})
     assert trial_overrides(spec, gd) == ["+mitigation=[gate_diversity]", "mitigation.gate_diversity.weight=0.2",
                                          "optim.lr=0.002"]
 

@@ -183,7 +183,8 @@ def _nearest_variances(v: np.ndarray, A: np.ndarray, n: int, P: int) -> tuple[np
 
 
 def _match_moments(a: np.ndarray, total: int, squares: int, a_lo: int, a_hi: int, ideal: np.ndarray) -> np.ndarray:
-    """Move integers a (within [a_lo, a_hi]) to sum ``total`` and, as closely as possible, sum of squares ``squares``."""
+    """Move integers a (within [a_lo, a_hi]) to sum ``total`` and, as closely as possible, sum of squares
+    ``squares``."""
     a = a.copy()
     order = np.argsort(ideal - a)  # round up those that were rounded down the most
     for idx in (order[::-1] if total > a.sum() else order):

@@ -133,9 +133,11 @@ def make_train_dataset(cfg: RetrievalConfig, split: str = "train", seed: int | N
     # Train and val draw from independent streams of the same seed.
     rng = np.random.default_rng([seed, SPLITS.index(split)])
     params = {k: v for k, v in asdict(cfg).items() if k not in SCHEDULE_KEYS}
-    return cached_dataset("retrieval", {**params, "split": split, "seed": seed},
-                          lambda: arrays_to_dataset(dict(zip(("input_ids", "labels"), build_train_arrays(cfg, n, rng)))),
-                          cache_dir)
+
+    def build():
+        return arrays_to_dataset(dict(zip(("input_ids", "labels"), build_train_arrays(cfg, n, rng))))
+
+    return cached_dataset("retrieval", {**params, "split": split, "seed": seed}, build, cache_dir)
 
 
 def build_train_arrays(cfg: RetrievalConfig, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

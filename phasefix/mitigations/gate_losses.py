@@ -79,7 +79,8 @@ class GateDiversityOptions:
     start_step: int = 0  # the term is off before this training step (let the model leave the plateau first) ...
     ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
     # hard mode only:
-    layout: str = "block"  # block: contiguous slots per head (anchors W/HKV apart); interleaved: slot i -> head i mod HKV
+    # block: contiguous slots per head (anchors W/HKV apart); interleaved: slot i -> head i mod HKV
+    layout: str = "block"
     strength: float | None = None  # null: mask the other slots (hard); a number: a fixed anchor of that many logits
     value_shift: int = 1  # the value gate's assignment is the key's shifted by this many slots
     freeze_bias: bool = False  # also zero and freeze the learned per-slot gate bias b_i

@@ -17,7 +17,8 @@ def phase_curves(curves: Mapping[str, Mapping], stride: int | None, title: str =
     for label, res in curves.items():
         acc = list(res["per_residue"])
         r = list(range(len(acc)))
-        line, = ax.plot(r, acc, marker="o", ms=3, label=f"{label} (mean {res['acc_mean']:.2f}, gap {res['acc_gap']:.2f})")
+        line, = ax.plot(r, acc, marker="o", ms=3,
+                        label=f"{label} (mean {res['acc_mean']:.2f}, gap {res['acc_gap']:.2f})")
         if "wilson_low" in res:
             ax.fill_between(r, list(res["wilson_low"]), list(res["wilson_high"]), color=line.get_color(), alpha=0.15)
     if stride:

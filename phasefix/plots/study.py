@@ -77,8 +77,9 @@ def study_pareto(spec, trials, front, baseline: tuple[float, float, int] | None 
 
 
 def theory_gates(runs: dict[str, list[dict]], cfg):
-    """The idealised induction model (phasefix.theory). Row per condition: key and value gate heatmaps of one seed (the first whose heads collide without
-    coordination, else the first), accuracy by phase (all seeds), training loss (all seeds)."""
+    """The idealised induction model (phasefix.theory). Row per condition: key and value gate heatmaps of one seed
+    (the first whose heads collide without coordination, else the first), accuracy by phase (all seeds), training
+    loss (all seeds)."""
     conds = list(runs)
     fig = Figure(figsize=(15, 3.2 * len(conds)), layout="constrained")
     FigureCanvasAgg(fig)

@@ -72,8 +72,8 @@ def plan(spec: StudySpec, study, k: int, experiment: str, tracking_uri: str) -> 
         for seed in spec.confirm_seeds:
             runs = earlier.get((arm, str(seed)), [])
             finished = [r for r in runs if r.info.status == "FINISHED"]
-            resumable = [r for r in runs if r.info.status != "FINISHED"
-                         and (Path(r.data.tags.get("output_dir", "/nonexistent")) / "checkpoints" / "last.ckpt").exists()]
+            resumable = [r for r in runs if r.info.status != "FINISHED" and
+                         (Path(r.data.tags.get("output_dir", "/nonexistent")) / "checkpoints/last.ckpt").exists()]
             job = {"arm": arm, "trial": number, "seed": seed, "overrides": ovs}
             if finished:
                 job.update(action="done", run_id=finished[-1].info.run_id)
