@@ -151,7 +151,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from phasefix.data.lm_mix import LMMixConfig
     from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
                                   TrainClock)
-    from phasefix.run import Run
+    from phasefix.run import Run, checkpoint_path
 
     console.quiet(bool(cfg.get("verbose")))
     run, source, start_step, before_seconds = None, None, 0, 0.0
@@ -274,7 +274,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if isinstance(e, SystemExit) and not interrupted:
                 raise
             step = f" at step {trainer.global_step}" if trainer is not None else ""
-            saved = f"; checkpoint {ckpt_dir / 'last.ckpt'}" if (ckpt_dir / "last.ckpt").exists() else ""
+            last = checkpoint_path(out_dir)
+            saved = f"; checkpoint {last}" if last.exists() else ""
             hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
                     if saved else f"interrupted{step} before any checkpoint was written")
             if isinstance(e, SIGTERMException):

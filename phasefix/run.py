@@ -29,6 +29,11 @@ def outputs_dir() -> Path:
     return Path(os.environ.get("PHASEFIX_OUTPUTS") or OUTPUTS_DIR)
 
 
+def checkpoint_path(run_dir: Path | str, which: str = "last") -> Path:
+    """Where a run keeps a checkpoint: `last` (what a resume continues from) or `best`; it may not exist yet."""
+    return Path(run_dir) / "checkpoints" / f"{which}.ckpt"
+
+
 @dataclasses.dataclass
 class Run:
     """A run of `phasefix.fit`: `dir` (None for a bare .ckpt file), its MLflow run id and store (None when unknown),
@@ -73,7 +78,7 @@ class Run:
     @classmethod
     def last(cls, key: str = "resume") -> "Run":
         """The run whose last checkpoint was written most recently (an interrupted run included)."""
-        ckpts = [p for p in outputs_dir().glob("*/*/checkpoints/last.ckpt") if (p.parent.parent / RUN_FILE).exists()]
+        ckpts = [p for p in outputs_dir().glob(str(checkpoint_path("*/*"))) if (p.parent.parent / RUN_FILE).exists()]
         check(bool(ckpts), key, "last", f"no run with a last checkpoint under {outputs_dir()}")
         newest = max(ckpts, key=lambda p: p.stat().st_mtime)
         return cls._from_dir(newest.parent.parent, None)
@@ -133,7 +138,7 @@ class Run:
         """checkpoints/<which>.ckpt (the named .ckpt when the run was opened from one)."""
         if self.ckpt is not None:
             return self.ckpt
-        ckpt = self.dir / "checkpoints" / f"{which}.ckpt"
+        ckpt = checkpoint_path(self.dir, which)
         check(ckpt.exists(), key, str(self.dir), f"the directory holds no checkpoints/{which}.ckpt")
         return ckpt
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, markdown
 from phasefix.errors import check
+from phasefix.run import checkpoint_path
 from phasefix.study.report import feasible
 from phasefix.study.spec import StudySpec, sampled_params
 
@@ -73,7 +74,7 @@ def plan(spec: StudySpec, study, k: int, experiment: str, tracking_uri: str) -> 
             runs = earlier.get((arm, str(seed)), [])
             finished = [r for r in runs if r.info.status == "FINISHED"]
             resumable = [r for r in runs if r.info.status != "FINISHED" and
-                         (Path(r.data.tags.get("output_dir", "/nonexistent")) / "checkpoints/last.ckpt").exists()]
+                         checkpoint_path(r.data.tags.get("output_dir", "/nonexistent")).exists()]
             job = {"arm": arm, "trial": number, "seed": seed, "overrides": ovs}
             if finished:
                 job.update(action="done", run_id=finished[-1].info.run_id)

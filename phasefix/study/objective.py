@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from phasefix.errors import check
+from phasefix.run import checkpoint_path
 from phasefix.study import runs
 from phasefix.study.spec import PruneRule, StudySpec, logged_name, sampled_params
 
@@ -190,7 +191,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             overrides = list(spec.base) + ovs + extra + one
             overrides.append(tracking.command_override(overrides))  # the table row names how to redo the run
             before = prior_dirs.get(str(seed))
-            if before is not None and (before / "checkpoints" / "last.ckpt").exists():
+            if before is not None and checkpoint_path(before).exists():
                 # the run's identity (overrides, tags, parent) is in its stored config: only the threads may change
                 run_dir = before
                 overrides = [f"resume='{run_dir}'", *[o for o in extra if o.startswith("trainer.num_threads=")]]
