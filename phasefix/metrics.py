@@ -177,16 +177,15 @@ class PhaseAccuracy(Metric):
 
     def update(self, correct: torch.Tensor, residue: torch.Tensor, cluster: torch.Tensor | None = None) -> None:
         correct, residue = torch.as_tensor(correct).reshape(-1), torch.as_tensor(residue).reshape(-1)
-        n_cluster = residue.numel() if cluster is None else torch.as_tensor(cluster).numel()
-        if correct.numel() != residue.numel() or n_cluster != residue.numel():
+        cluster = None if cluster is None else torch.as_tensor(cluster).reshape(-1)
+        lengths = [t.numel() for t in (correct, residue, cluster) if t is not None]
+        if len(set(lengths)) > 1:
             raise ConfigError(f"PhaseAccuracy.update: correct, residue and cluster must have the same length "
-                              f"(got {correct.numel()}, {residue.numel()}"
-                              f"{'' if cluster is None else ', ' + str(torch.as_tensor(cluster).numel())})")
+                              f"(got {', '.join(map(str, lengths))})")
         if residue.numel() and (residue.min() < 0 or residue.max() >= self.period):
             raise ConfigError(f"residue={residue.min().item()}..{residue.max().item()} is invalid: "
                               f"must be in [0, {self.period})")
         if cluster is not None:
-            cluster = torch.as_tensor(cluster).reshape(-1)
             if cluster.numel() and cluster.min() < 0:
                 raise ConfigError(f"cluster={cluster.min().item()} is invalid: cluster ids must be >= 0")
         else:

@@ -138,6 +138,8 @@ def test_update_validation():
         m.update(torch.tensor([True]), torch.tensor([-1]))
     with pytest.raises(ConfigError, match="same length"):
         m.update(torch.tensor([True, False]), torch.tensor([1]))
+    with pytest.raises(ConfigError, match=r"same length \(got 2, 2, 1\)"):
+        m.update(torch.tensor([True, False]), torch.tensor([1, 2]), cluster=torch.tensor([0]))
     with pytest.raises(ConfigError, match="metric.fold_stride"):
         PhaseAccuracy(8, fold_stride=3)
     with pytest.raises(ConfigError, match="metric.period"):
