@@ -29,7 +29,9 @@ def quiet(verbose: bool = False) -> None:
                 r".*your dataloader is not resumable.*",  # StepBatchSampler is: batches are a function of the step
                 # ckpt_path=None with an OnExceptionCheckpoint: Lightning looks for a "last" one (fit refuses an
                 # output_dir that holds checkpoints, so a new run finds none)
-                r".*was called without a model.*", r".*is set, but there is no last checkpoint available.*"):
+                r".*was called without a model.*", r".*is set, but there is no last checkpoint available.*",
+                # a fork saves its checkpoints under its own output_dir by design; only the best path carries over
+                r".*The dirpath has changed from.*"):
         warnings.filterwarnings("ignore", message=msg)
     try:
         import datasets
