@@ -207,7 +207,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     resume_ckpt = (source or run).checkpoint() if resuming else None
 
     trainer = None
-    ckpt_dir = out_dir / "checkpoints"
+    last_ckpt = checkpoint_path(out_dir)  # the one spelling of the layout, shared with Run.checkpoint
+    ckpt_dir = last_ckpt.parent
     # the run ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
     with tracking.running(c, run_id, resumed=resuming and not forking):
         try:
@@ -230,7 +231,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                 ModelCheckpoint(dirpath=ckpt_dir, filename="best", mode="max", save_top_k=1,
                                 auto_insert_metric_name=False,
                                 monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean")),
-                LastCheckpoint(dirpath=ckpt_dir, filename="last"),
+                LastCheckpoint(dirpath=ckpt_dir, filename=last_ckpt.stem),
                 TrainClock(before_seconds),
                 *([console.TrainProgress(cfg.eval.paddings[0])] if cfg.trainer.progress_bar and not verbose else []),
                 *callbacks,
@@ -274,8 +275,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if isinstance(e, SystemExit) and not interrupted:
                 raise
             step = f" at step {trainer.global_step}" if trainer is not None else ""
-            last = checkpoint_path(out_dir)
-            saved = f"; checkpoint {last}" if last.exists() else ""
+            saved = f"; checkpoint {last_ckpt}" if last_ckpt.exists() else ""
             hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
                     if saved else f"interrupted{step} before any checkpoint was written")
             if isinstance(e, SIGTERMException):
