@@ -207,7 +207,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     resume_ckpt = (source or run).checkpoint() if resuming else None
 
     trainer = None
-    last_ckpt = checkpoint_path(out_dir)  # the one spelling of the layout, shared with Run.checkpoint
+    # the layout Run.checkpoint reads; "last" is also the name Lightning's save_last writes (PeriodicCheckpoint)
+    last_ckpt = checkpoint_path(out_dir)
     ckpt_dir = last_ckpt.parent
     # the run ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
     with tracking.running(c, run_id, resumed=resuming and not forking):
