@@ -358,7 +358,7 @@ def file_bytes(d: Path) -> dict[str, bytes]:
     return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
 
 
-def test_fork_continues_as_a_new_run_and_leaves_the_named_run_as_it_was(tmp_path, capsys):
+def test_fork_continues_as_a_new_run_and_leaves_the_named_run_as_it_was(tmp_path, capsys, recwarn):
     """A finished 16-step run forked to 24 steps: a new run (new directory, new MLflow run tagged forked_from, the
     points before step 16 copied, renamed and re-tagged) with the same final phase accuracy as resuming the run
     itself to 24 steps (resume is checked against an uninterrupted run above); the named run's files and MLflow
@@ -380,6 +380,8 @@ def test_fork_continues_as_a_new_run_and_leaves_the_named_run_as_it_was(tmp_path
     forked = fit(compose([f"resume={out}", "fork=true", "trainer.max_steps=24", f"output_dir={fork_dir}",
                           "run_name=longer", "+logger.tags.comparison=forks"]))
     new_id = forked["mlflow_run_id"]
+    # a fork's checkpoints go to its own directory by design: Lightning's "dirpath has changed" is noise there
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
     assert new_id != first["mlflow_run_id"] and forked["output_dir"] == str(fork_dir)
     assert file_bytes(out) == files_before
     assert metric_steps(c, first["mlflow_run_id"]) == history_before
