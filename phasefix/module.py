@@ -282,8 +282,20 @@ class LastCheckpoint(OnExceptionCheckpoint):
     def on_train_end(self, trainer, pl_module):
         trainer.save_checkpoint(self.ckpt_path)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # Lightning restores its loop counters right only from checkpoints written at a batch's end or the run's end;
+        # from an interrupt anywhere else the step it logs at (`_batches_that_stepped`) came back one off the global
+        # step (a resumed run logged a step twice or skipped one, and every later point one step off) and so did the
+        # batch index that schedules validation. One optimizer step per batch here: all three are the same number.
+        loop = trainer.fit_loop.epoch_loop
+        loop._batches_that_stepped = trainer.global_step
+        loop.batch_progress.total.ready = trainer.global_step + 1  # this batch is ready, not yet started
+
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            progress = trainer.fit_loop.epoch_loop.batch_progress.total
+            if progress.processed == progress.completed + 1:  # in the step's end hooks: its update is done, its
+                trainer._logger_connector.update_train_step_metrics()  # training metrics not yet logged
             super().on_exception(trainer, pl_module, exception)
 
     def teardown(self, trainer, pl_module, stage):

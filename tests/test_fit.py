@@ -451,6 +451,77 @@ def test_ctrl_c_checkpoints_the_step_exits_130_and_resume_last_continues(tmp_pat
     assert len(loss_steps) == len(set(loss_steps)) and max(loss_steps) >= step + 1
 
 
+class InterruptAt:
+    """Raises KeyboardInterrupt (a Ctrl-C) once, at step 5 of a run, at one point of Lightning's training loop."""
+
+    def __init__(self, point: str):
+        self.point, self.fired = point, False
+
+    def __call__(self, step: int):
+        if step == 5 and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+
+
+# where a Ctrl-C can land in a step: before its update, after it, right after its training metrics are written (where
+# `interrupts_deferred` delivers a Ctrl-C that arrived during the write), during the validation that follows
+INTERRUPT_POINTS = ["batch_start", "batch_end", "after_logging", "validation_end"]
+
+
+@pytest.mark.parametrize("point", INTERRUPT_POINTS)
+def test_an_interrupt_anywhere_in_a_step_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch, point):
+    """Ctrl-C at each point of a step, then resume: the uninterrupted run's weights and every metric at the steps
+    the uninterrupted run logged it, once (Lightning restored its logging step one off the global step from a
+    checkpoint written inside a step, so the resumed run logged a step twice or skipped one, and validated one step
+    early; and a step interrupted in its end hooks lost its training metrics)."""
+    from lightning.pytorch.callbacks import Callback
+
+    from phasefix.module import RunLogger
+
+    steps = FAST + ["trainer.max_steps=12", "trainer.val_every_n_steps=6", "trainer.checkpoint_every_n_steps=100",
+                    "trainer.log_every_n_steps=1", "eval.n_boot=20"]
+    reference = fit(compose(steps + run_overrides(tmp_path, "reference")))
+
+    interrupt = InterruptAt(point)
+
+    class Interrupter(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if point == "batch_start":
+                interrupt(trainer.global_step)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if point == "batch_end":
+                interrupt(trainer.global_step - 1)
+
+        def on_validation_end(self, trainer, pl_module):
+            if point == "validation_end":
+                interrupt(trainer.global_step - 1)
+
+    write = RunLogger.log_metrics
+
+    def write_then_interrupt(self, metrics, step=None):
+        write(self, metrics, step)
+        if point == "after_logging" and "train/loss" in metrics:
+            interrupt(step)
+
+    monkeypatch.setattr(RunLogger, "log_metrics", write_then_interrupt)
+    with pytest.raises(KeyboardInterrupt, match="continue this run with"):
+        fit(compose(steps + run_overrides(tmp_path, "interrupted")), callbacks=[Interrupter()])
+    assert interrupt.fired
+    resumed = fit(compose([f"resume={tmp_path / 'interrupted'}"]))
+
+    a = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "interrupted" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # interrupted after its update, step 5's validation (due there) is not run: Lightning resumes past it
+    skipped = {5} if point in ("batch_end", "after_logging") else set()
+    expected = {k: [s for s in v if not (k.startswith("val/") and s in skipped)]
+                for k, v in metric_steps(c, reference["mlflow_run_id"]).items()}
+    assert metric_steps(c, resumed["mlflow_run_id"]) == expected
+
+
 def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
     from phasefix.run import Run, resolve_run_id
 
