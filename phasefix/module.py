@@ -285,8 +285,9 @@ class LastCheckpoint(OnExceptionCheckpoint):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         # Lightning restores its loop counters right only from checkpoints written at a batch's end or the run's end;
         # from an interrupt anywhere else the step it logs at (`_batches_that_stepped`) came back one off the global
-        # step (a resumed run logged a step twice or skipped one, and every later point one step off) and so did the
-        # batch index that schedules validation. One optimizer step per batch here: all three are the same number.
+        # step (a resumed run skipped a step or, once in the Ctrl-C test, logged one twice; every later point one
+        # step off) and so did the batch index that schedules validation. One optimizer step per batch here: all
+        # three are the same number.
         loop = trainer.fit_loop.epoch_loop
         loop._batches_that_stepped = trainer.global_step
         loop.batch_progress.total.ready = trainer.global_step + 1  # this batch is ready, not yet started
