@@ -4,10 +4,19 @@ which holds the run's command, commit, machine and time (a study's trials.csv or
 enough: the reader of docs/ looks in docs/figures)."""
 import csv
 import re
+import subprocess
 
 from phasefix.paths import PROJECT_ROOT
 
 RUN_ID = re.compile(r"`([0-9a-f]{8})`")
+
+
+def documents() -> list:
+    """README.md and every Markdown page under docs/ (the notebook included), not the tables a report wrote under
+    docs/figures/ (those are checked against their own comparison.csv by the report)."""
+    docs = PROJECT_ROOT / "docs"
+    return [PROJECT_ROOT / "README.md",
+            *sorted(p for p in docs.rglob("*.md") if not p.is_relative_to(docs / "figures"))]
 
 
 def committed_run_ids() -> set[str]:
@@ -22,11 +31,11 @@ def test_every_run_id_the_docs_quote_is_in_a_committed_table():
     ids = committed_run_ids()
     assert len(ids) > 100  # the committed tables were found
     missing = {}
-    for doc in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]:
+    for doc in documents():
         quoted = set(RUN_ID.findall(doc.read_text()))
         lost = sorted(i for i in quoted if not any(full.startswith(i) for full in ids))
         if lost:
-            missing[doc.name] = lost
+            missing[str(doc.relative_to(PROJECT_ROOT))] = lost
     assert not missing, f"run ids quoted but in no committed docs/figures/**/comparison.csv: {missing}"
 
 
@@ -36,7 +45,7 @@ def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
     from phasefix.quotes import quote_text, quotes
 
     seen = 0
-    for doc in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]:
+    for doc in documents():
         text = doc.read_text()
         for path, start, end in quotes(doc):
             assert path.is_file(), f"{doc.name} quotes {path}, which is not committed"
@@ -55,3 +64,79 @@ def test_results_open_with_the_generated_headline():
     assert first_table.startswith(headline)
     for table in set(re.findall(r"`(docs/figures/[^`]+)` \|", headline)):
         assert (PROJECT_ROOT / table / "decisive.csv").is_file(), table
+
+
+# --- references resolve, no machine paths (issue 52) ---
+
+MACHINE_PATH = "/" + "work/"  # the development machines' root, spelt so that this file does not contain it
+RAW_PROVENANCE = re.compile(r"(docs/figures|studies/reports)/.+\.(csv|txt)")  # as a command wrote them, paths and all
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+SECTION_REF = re.compile(r"science\.md,?\s+(?:§|sections?\s+)(\d+)(?:\s*(?:-|–|and)\s*§?(\d+))?")
+
+
+def committed_files() -> list:
+    """The files of the repository as committed (a clean clone has exactly these): `git ls-files`."""
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT_ROOT, capture_output=True, check=True).stdout
+    return [PROJECT_ROOT / name for name in out.decode().split("\0") if name]
+
+
+def text_of(path):
+    """A file's text, or None for a binary file (an image, a database)."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def test_no_machine_path_in_a_committed_file():
+    """A clone lives anywhere: nothing committed names a development machine's directory, except the raw provenance
+    a command wrote (the tables and logs of docs/figures/ and studies/reports/: which store, which checkout a run
+    came from)."""
+    found = []
+    for path in committed_files():
+        rel = path.relative_to(PROJECT_ROOT).as_posix()
+        if RAW_PROVENANCE.fullmatch(rel) or not path.is_file():
+            continue
+        text = text_of(path)
+        for number, line in enumerate((text or "").splitlines(), 1):
+            if MACHINE_PATH in line:
+                found.append(f"{rel}:{number}")
+    assert not found, f"machine paths ({MACHINE_PATH}...) committed; write <worktree>, $PWD or a placeholder: {found}"
+
+
+def science_sections() -> set:
+    text = (PROJECT_ROOT / "docs" / "science.md").read_text()
+    return {int(n) for n in re.findall(r"^## (\d+)\. ", text, flags=re.M)}
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """Every [text](target) in README.md and docs/ that is not a web address names a committed file or folder."""
+    broken = []
+    for doc in documents():
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # https:, mailto:, an anchor in the same page
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(f"{doc.relative_to(PROJECT_ROOT)}: {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def test_every_science_section_reference_resolves():
+    """docs/science.md exists, and every "science.md §N" (or "§N-§M", "section N") in a committed text file names a
+    numbered section of it (`## N. ...`)."""
+    sections = science_sections()
+    assert {1, 2, 3, 4, 5, 6, 7} <= sections
+    bad, seen = [], 0
+    for path in committed_files():
+        text = text_of(path) if path.is_file() and path.suffix in {".md", ".py", ".yaml", ".yml", ".toml"} else None
+        for match in SECTION_REF.finditer(text or ""):
+            numbers = {int(n) for n in match.groups() if n}
+            seen += 1
+            if not numbers <= sections:
+                bad.append(f"{path.relative_to(PROJECT_ROOT)}: {match.group(0)}")
+    assert seen >= 20  # the code and the docs cite it
+    assert not bad, f"references to sections docs/science.md does not have ({sorted(sections)}): {bad}"
