@@ -69,8 +69,12 @@ def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> floa
 
 
 def run_name(cfg: DictConfig) -> str:
+    """`run_name`, else `<regime>-<arm>-s<seed>` from the config group choices, else (the default regime and arm)
+    `<model>-W<window>S<stride>[-<mitigations>]`."""
     if cfg.run_name:
         return cfg.run_name
+    if cfg.get("regime", "default") not in (None, "default") or cfg.get("arm", "baseline") not in (None, "baseline"):
+        return f"{cfg.regime}-{cfg.arm}-s{cfg.seed}"
     m = cfg.model
     name = m.name if m.attention == "full" else f"{m.name}-W{m.window}S{m.stride}"
     if cfg.get("mitigation"):
@@ -192,6 +196,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
             **({"forked_from": f"{source.run_id} at step {start_step} ({source.checkpoint()})"} if source else {}),
+            **{g: str(cfg[g]) for g in ("regime", "arm") if cfg.get(g)},  # Hydra's choices (phasefix.cli.compose)
             **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
         tracking.log_params(c, run_id, resolved)
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))

@@ -44,12 +44,11 @@ def group_options():
 def test_every_config_group_composes(group, option):
     from phasefix.fit import plan
 
-    prefix = "+" if group in ("mitigation", "experiment", "recipe") else ""
+    prefix = "+" if group == "mitigation" else ""
     cfg = compose([f"{prefix}{group}={option}"])  # every option works alone (data=lm_mix brings its vocabulary)
-    if group == "experiment":  # a global package: it rewrites other groups
-        assert cfg.run_name
-    elif group == "recipe":  # a global package too: it sets keys of other groups and adds none of its own
-        assert "recipe" not in cfg and cfg != compose([])
+    if group in ("regime", "recipe", "arm"):  # global packages: they set keys of other groups; the choice is recorded
+        assert cfg[group] == option
+        assert (cfg != compose([])) == (option not in ("default", "none", "baseline"))
     else:
         assert cfg[group] is not None
     gpu = "gpu" in option or cfg.trainer.accelerator == "gpu"
@@ -57,14 +56,14 @@ def test_every_config_group_composes(group, option):
         plan(cfg)  # every CPU option also validates
 
 
-CPU_EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml") if "gpu" not in p.stem)
+CPU_REGIMES = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml") if "gpu" not in p.stem)
 
 
-@pytest.mark.parametrize("experiment", CPU_EXPERIMENTS)
-def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
-    summary = fit(compose([f"+experiment={experiment}", *FAST, "trainer.max_steps=4", "eval.n_boot=10",
+@pytest.mark.parametrize("regime", CPU_REGIMES)
+def test_seconds_long_version_of_each_regime_runs(tmp_path, regime):
+    summary = fit(compose([f"regime={regime}", *FAST, "trainer.max_steps=4", "eval.n_boot=10",
                            *run_overrides(tmp_path)]))
-    cfg = compose([f"+experiment={experiment}"])
+    cfg = compose([f"regime={regime}"])
     assert summary["stride"] == cfg.model.stride and summary["window"] == cfg.model.window
     for pad in cfg.eval.paddings:
         assert len(summary[pad]["per_residue"]) == 24
@@ -75,7 +74,7 @@ def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
 
 
 def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
-    """`+recipe=learned` composes the config learn_recipe's trial 1 trained: the trial is imported from the committed
+    """`recipe=learned` composes the config learn_recipe's trial 1 trained: the trial is imported from the committed
     trials.csv (not read from the preset) and turned into overrides the way confirm re-runs a trial."""
     import optuna
 
@@ -88,8 +87,9 @@ def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
     import_trials(spec, study, PROJECT_ROOT / "studies/reports/learn_recipe/trials.csv")
     trial = next(t for t in study.trials if t.number == 1)
     trained = OmegaConf.to_container(compose([*spec.base, *trial_overrides(spec, trial)]))
-    preset = OmegaConf.to_container(compose([*spec.base, "+recipe=learned"]))
+    preset = OmegaConf.to_container(compose([*spec.base, "recipe=learned"]))
     assert preset["optim"].pop("lr") == pytest.approx(trained["optim"].pop("lr"), rel=1e-5)  # trials.csv: 6 digits
+    assert (preset.pop("recipe"), trained.pop("recipe")) == ("learned", "none")  # the recorded choice, not a value
     assert preset == trained
 
 
@@ -300,7 +300,7 @@ def test_misspelt_key_gets_a_suggestion(tmp_path, capsys):
 def test_help_is_the_hydra_template_with_groups_keys_and_examples(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for group in ("model", "data", "trainer", "mitigation", "experiment"):
+    for group in ("model", "data", "trainer", "mitigation", "regime", "arm", "recipe"):
         assert f"\n  {group} " in out
     assert "trainer.max_steps (800)" in out and "resume" in out
     assert out.count("python -m phasefix.fit ") >= 3
