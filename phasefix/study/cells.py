@@ -363,10 +363,15 @@ def qualifies(comp: Comparison, first: dict, cell_regime: str, arm: str) -> tupl
     return True, "learned, mean not below the unmitigated mean"
 
 
-def run_comparison(path: str | Path, workers: int = 1, fit_fn=None) -> dict:
+def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: str | None = None,
+                   tracking_uri: str | None = None, out: str | Path | None = None) -> dict:
     """Run every missing cell of a comparison file (then its `then` seeds, where they apply) and write its tables.
-    Returns {'rc', 'cells', 'stopped': {(regime, arm): why}, 'files'}."""
+    `storage`, `tracking_uri`, `out` replace the file's. Returns {'rc', 'cells', 'stopped': {(regime, arm): why},
+    'files'}."""
     comp = load_comparison(path)
+    comp.storage = storage or comp.storage
+    comp.tracking_uri = tracking_uri or comp.tracking_uri
+    comp.out = Path(out) if out is not None else comp.out
     check(workers >= 1, "workers", workers, "must be >= 1")
     from phasefix.fit import compose, plan_model
 
