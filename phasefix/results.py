@@ -95,9 +95,9 @@ def answer(rows: Sequence[Mapping]) -> list[str]:
         met = ", ".join(f"{r['goal_met']}/{r['seeds']}" if r else "-" for r in got)
         macs, bmacs = one["compressor_flops_per_token"], b["compressor_flops_per_token"]
         by, bby = cache_bytes(regime, arm), cache_bytes(regime, BASELINE_ARM)
+        entries, bentries = one["cache_entries_per_token"], b["cache_entries_per_token"]
         lines.append(f"| {regime} | `{arm}` | {met} | {macs:,.0f} ({_pct(macs, bmacs)}) | "
-                     f"{one['cache_entries_per_token']:.3f} ({_pct(one['cache_entries_per_token'], b['cache_entries_per_token'])})"
-                     f" | {by:,.0f} ({_pct(by, bby)}) |")
+                     f"{entries:.3f} ({_pct(entries, bentries)}) | {by:,.0f} ({_pct(by, bby)}) |")
     return lines
 
 

@@ -11,7 +11,8 @@ from phasefix import config as C
 from phasefix import tracking
 from phasefix.errors import ConfigError
 from phasefix.paths import PROJECT_ROOT
-from phasefix.study.cells import cells, load_comparison, run_comparison
+from phasefix.study.cells import cells, load_comparison
+from phasefix.study.grid import run_comparison
 
 HEADLINE = PROJECT_ROOT / "comparisons/headline.yaml"
 
