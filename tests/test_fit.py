@@ -18,20 +18,15 @@ from omegaconf import OmegaConf
 from phasefix.errors import ConfigError
 from phasefix.fit import compose, fit, main
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
+from helpers import FAST  # trainer=fast: seconds-long runs
 
-# Seconds-long runs: a few steps of 16 sequences on a small training set, small evaluation sets.
-FAST = ["trainer.max_steps=24", "trainer.val_every_n_steps=12", "trainer.checkpoint_every_n_steps=8",
-        "trainer.batch_size=16", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16",
-        "eval.per_residue=2", "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
 
 
 def run_overrides(tmp_path: Path, name: str = "run") -> list[str]:
     return [f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"output_dir={tmp_path / name}"]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def group_options():
