@@ -23,13 +23,11 @@ from phasefix.errors import ConfigError, check
 def plan_model(cfg: DictConfig):
     """(model config as the mitigations change it, the mitigations); ConfigError when a mitigation cannot apply to
     the model (e.g. head_coord with one KV head)."""
-    from phasefix.mitigations import build_mitigations
+    from phasefix.mitigations import configured_model
 
-    model_cfg = C.model_config(cfg)
-    mitigations = build_mitigations(cfg.get("mitigation"))
-    for m in mitigations:
-        model_cfg = m.configure_model(model_cfg)
-    return model_cfg, mitigations
+    mitigation = cfg.get("mitigation")
+    return configured_model(C.to_container(cfg.model),
+                            OmegaConf.to_container(mitigation, resolve=True) if mitigation else None)
 
 
 def plan(cfg: DictConfig) -> dict:
@@ -224,6 +222,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                     mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
                                     if cfg.get("mitigation") else None,
                                     paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
+                                    built=(model_cfg, p["mitigations"]),  # what plan built: not built again
                                     **(data_cfg.text_loss if is_lm_mix else {}))
             data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
                                        eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,

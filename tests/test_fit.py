@@ -538,3 +538,27 @@ def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
         resolve_run_id(c, "0" * 31 if not any(r.startswith("0" * 31) for r in ids) else "f" * 31)
     (tmp_path / "checkpoints").mkdir()
     assert Run.open(ids[0], tracking_uri=c.tracking_uri).dir == tmp_path
+
+
+def test_the_model_config_and_mitigations_are_built_once(tmp_path, monkeypatch):
+    """plan builds them (the one rule, `configured_model`) and the module trains with those objects, not copies
+    rebuilt from the raw dicts; a checkpoint's hyper-parameters still hold the raw dicts it is rebuilt from."""
+    from lightning.pytorch.callbacks import Callback
+
+    import phasefix.mitigations as mit
+
+    made = []
+    real = mit.configured_model
+    monkeypatch.setattr(mit, "configured_model", lambda *a: made.append(real(*a)) or made[-1])
+
+    class Trained(Callback):
+        def on_fit_start(self, trainer, pl_module):
+            made.append(("module", pl_module.model_config, pl_module.mitigations))
+
+    fit(compose([*FAST, "trainer.max_steps=2", "eval.n_boot=10", "arm=bridge_gate_diversity",
+                 *run_overrides(tmp_path)]), callbacks=[Trained()])
+    (model_cfg, mitigations), (_, trained_cfg, trained_mitigations) = made  # one build, then the module
+    assert trained_cfg is model_cfg and trained_mitigations is mitigations
+    assert model_cfg.window == 5 and [m.name for m in mitigations] == ["gate_diversity"]
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "built" not in ckpt["hyper_parameters"] and ckpt["hyper_parameters"]["model"]["window"] == 5
