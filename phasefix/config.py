@@ -201,6 +201,9 @@ def register_configs() -> None:
     # `${plus_one:${model.stride}}`: W = S + 1 that follows the stride (conf/arm/bridge*.yaml)
     if not OmegaConf.has_resolver("plus_one"):
         OmegaConf.register_new_resolver("plus_one", lambda x: int(x) + 1)
+    # `${half:${trainer.max_steps}}`: a curriculum switch that follows the budget (conf/recipe/inseqfirst.yaml)
+    if not OmegaConf.has_resolver("half"):
+        OmegaConf.register_new_resolver("half", lambda x: int(x) // 2)
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
     cs.store(group="data", name="retrieval_schema", node=RetrievalData)

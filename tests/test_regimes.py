@@ -130,3 +130,13 @@ def test_arms_with_a_gate_term_compose_as_the_lead_ran_them():
                                                     "+mitigation=head_coord"]),
                        ("gate_diversity", ["+mitigation=gate_diversity"])]:
         assert identity(compose([*base, f"arm={arm}"])) == identity(compose([*typed, *extra]))
+
+
+def test_the_in_sequence_first_recipe_is_what_stride_inseqfirst_trained():
+    """recipe=inseqfirst at 2,400 steps composes the runs of docs/figures/stride_inseqfirst (their command: the
+    learned recipe, 8 demonstrations, in-sequence only before step 1,200); its switch follows the budget."""
+    with open(PROJECT_ROOT / "docs/figures/stride_inseqfirst/comparison.csv", newline="") as f:
+        command = next(r["command"] for r in csv.DictReader(f) if "model.stride=6 " in r["command"])
+    recipe = compose(["recipe=inseqfirst", "model.stride=6", "trainer.max_steps=2400", "seed=0"])
+    assert identity(recipe) == identity(compose(old_overrides(command)))
+    assert compose(["recipe=inseqfirst", "trainer=fast"]).data.in_sequence_from_step == 12
