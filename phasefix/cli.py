@@ -97,6 +97,10 @@ def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> 
     if isinstance(e, MissingConfigException):
         for o in overrides:
             key, _, value = o.lstrip("+~").partition("=")
+            if key == "experiment" and config_name == "fit":  # the group before conf/regime and conf/arm
+                regimes = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml"))
+                return (f"experiment={value} is invalid: the presets are regimes now, regime=NAME (no +): "
+                        f"allowed values are {', '.join(regimes)}; arms: arm=NAME (conf/arm)")
             group_dir = CONF_DIR / key
             if group_dir.is_dir():
                 allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))

@@ -87,3 +87,25 @@ def test_zero_cost_is_issue_54s_grid():
                                               "records64"]
     first = cells(comp)
     assert len(first) == 9 + 3 * 10 and {c.seed for c in first if c.regime == "w4s4_inseqfirst"} == {3}
+
+
+def test_then_seeds_go_only_to_arms_that_learned_and_are_not_below_the_baseline(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = tmp_path / "staged.yaml"
+    spec.write_text("name: staged\nseeds: [0]\nthen: {seeds: [1]}\n"
+                    "regimes:\n  default:\n    arms: [baseline, spread, shift_spread, gate_diversity]\n")
+    # chance is 1/32 on the default task: learned means a prefix mean >= 5/32
+    acc = {"baseline": 0.6, "spread": 0.7, "shift_spread": 0.5, "gate_diversity": 0.05}
+    trained = []
+
+    def fake_fit(cfg, callbacks=()):
+        trained.append(f"{cfg.arm}/s{cfg.seed}")
+        return {"prefix": {"acc_mean": acc[cfg.arm], "acc_worst": acc[cfg.arm]},
+                "mlflow_run_id": log_finished(uri, cfg, acc[cfg.arm])}
+
+    res = run_comparison(spec, fit_fn=fake_fit, tracking_uri=uri)
+    assert res["rc"] == 0
+    assert sorted(trained) == sorted(["baseline/s0", "spread/s0", "shift_spread/s0", "gate_diversity/s0",
+                                      "baseline/s1", "spread/s1"])
+    assert res["stopped"] == {("default", "shift_spread"): "mean below the unmitigated mean",
+                              ("default", "gate_diversity"): "did not learn on its first seed(s)"}

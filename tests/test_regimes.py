@@ -140,3 +140,11 @@ def test_the_in_sequence_first_recipe_is_what_stride_inseqfirst_trained():
     recipe = compose(["recipe=inseqfirst", "model.stride=6", "trainer.max_steps=2400", "seed=0"])
     assert identity(recipe) == identity(compose(old_overrides(command)))
     assert compose(["recipe=inseqfirst", "trainer=fast"]).data.in_sequence_from_step == 12
+
+
+def test_the_old_experiment_group_says_where_its_presets_went():
+    from phasefix.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"experiment=records64 is invalid: the presets are regimes now, "
+                                          r"regime=NAME \(no \+\): allowed values are .*records64"):
+        compose(["+experiment=records64"])
