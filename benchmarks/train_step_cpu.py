@@ -6,9 +6,9 @@ one a run trains: `CompressedQwen3` on the CPU path, `next_token_loss`, AdamW. E
 the compiled step back to back (two copies of the same initial model) and the reported ratio is the median of the
 per-repeat ratios; the compiled model's first steps (its compile) are timed apart and reported as the one-off cost.
 
-    python benchmarks/train_step_cpu.py +experiment=records64 model.head_dim=64 model.window=9 --threads 1
+    python benchmarks/train_step_cpu.py regime=records64 model.head_dim=64 model.window=9 --threads 1
     python benchmarks/train_step_cpu.py --steps 5 --repeats 5          # the CPU default (W4/S4 tiny)
-    python benchmarks/train_step_cpu.py +experiment=records64 --profile  # where one eager step's time goes
+    python benchmarks/train_step_cpu.py regime=records64 --profile  # where one eager step's time goes
 
 Figures and the machine they came from: docs/performance.md, "Training step on the CPU".
 """

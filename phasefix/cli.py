@@ -21,7 +21,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from phasefix import config as C
 from phasefix.errors import ConfigError
@@ -46,9 +46,48 @@ def compose(overrides: Sequence[str] = (), config_name: str = "fit", hydra_confi
         else:
             init = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
         with init:
-            return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides),
+                                return_hydra_config=hydra_config or config_name == "fit")
     except Exception as e:  # Hydra/OmegaConf errors are long; users need one line naming the key
         raise ConfigError(one_line_error(e, overrides, config_name)) from None
+    if config_name == "fit":
+        record_choices(cfg)
+        if not hydra_config:
+            with open_dict(cfg):
+                del cfg["hydra"]
+    return cfg
+
+
+LAYERED = ("regime", "recipe", "arm")  # fit's layered groups, in the order they merge (conf/fit.yaml)
+
+
+def record_choices(cfg: DictConfig) -> None:
+    """Write Hydra's runtime choices of fit's layered groups into the config (`regime`, `recipe`, `arm`): the run's
+    MLflow tags and default name come from them, not from anything typed."""
+    choices = cfg.hydra.runtime.choices
+    for group in LAYERED:
+        cfg[group] = choices.get(group)
+
+
+def layering_note(cfg: DictConfig) -> str:
+    """`--cfg`'s header for fit: the layered choices and the keys a later layer sets over an earlier one (the later
+    wins: regime < recipe < arm < command line)."""
+    from phasefix.tracking import flatten
+
+    if not all(cfg.get(g) for g in LAYERED):
+        return ""
+    keys = {}
+    for group in LAYERED:
+        node = OmegaConf.load(CONF_DIR / group / f"{cfg[group]}.yaml")
+        keys[group] = {k for k in flatten(OmegaConf.to_container(node)) if not k.startswith("defaults")}
+    lines = [f"# regime={cfg.regime} recipe={cfg.recipe} arm={cfg.arm} (merged in this order; later wins)"]
+    for i, low in enumerate(LAYERED):
+        for high in LAYERED[i + 1:]:
+            both = sorted(keys[low] & keys[high])
+            if both:
+                lines.append(f"# set by both {low}={cfg[low]} and {high}={cfg[high]}, {high}'s value used: "
+                             + ", ".join(both))
+    return "\n".join(lines) + "\n"
 
 
 def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> str:
@@ -58,6 +97,10 @@ def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> 
     if isinstance(e, MissingConfigException):
         for o in overrides:
             key, _, value = o.lstrip("+~").partition("=")
+            if key == "experiment" and config_name == "fit":  # the group before conf/regime and conf/arm
+                regimes = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml"))
+                return (f"experiment={value} is invalid: the presets are regimes now, regime=NAME (no +): "
+                        f"allowed values are {', '.join(regimes)}; arms: arm=NAME (conf/arm)")
             group_dir = CONF_DIR / key
             if group_dir.is_dir():
                 allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))
@@ -218,7 +261,8 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
         jobs = sweep(words) if multirun else [words]
         cfgs = [compose(job, config_name) for job in jobs]  # every job's config is checked before any work
         if show_cfg:
-            print("\n---\n".join(OmegaConf.to_yaml(cfg) for cfg in cfgs))
+            print("\n---\n".join(layering_note(cfg) + OmegaConf.to_yaml(cfg) if config_name == "fit"
+                                  else OmegaConf.to_yaml(cfg) for cfg in cfgs))
             return 0
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
             if multirun:
@@ -235,5 +279,5 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
         return 130
 
 
-__all__ = ["SCHEMAS", "compose", "config_keys", "help_text", "one_line_error", "option_lines", "options",
+__all__ = ["LAYERED", "SCHEMAS", "compose", "config_keys", "help_text", "layering_note", "one_line_error", "option_lines", "options",
            "overrides", "quoted", "run", "sweep", "unknown_key"]

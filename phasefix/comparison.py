@@ -26,6 +26,15 @@ from phasefix.data.layout import PADDINGS
 LEARNED_FACTOR = 5.0
 GOAL_RATIO = 0.9  # worst >= GOAL_RATIO x mean
 BASELINE_ARM = "baseline"
+# The arm codes of the committed tables (written before conf/arm/ existed) -> the arm (conf/arm/<name>.yaml) that
+# composes the same config (tests/test_regimes.py checks each headline cell against its committed runs' commands).
+ARM_NAMES = {"t5": "bridge_gate_diversity", "w5_gd_spread": "bridge_gate_diversity", "w9_spread": "bridge",
+             "w9_ts2_spread": "bridge_shift", "w9_ts2_spread_hd64": "bridge_shift_wide"}
+
+
+def arm_name(code: str) -> str:
+    """A committed table's arm code as the arm's name today (`t5` -> `bridge_gate_diversity`); others unchanged."""
+    return ARM_NAMES.get(code, code)
 COLUMNS = ("regime", "arm", "padding", "seeds", "learned", "acc_mean", "acc_mean_sd", "acc_worst", "acc_worst_sd",
            "worst_excl_boundary", "acc_gap", "period", "goal_met", "train_seconds", "compressor_flops_per_token",
            "cache_entries_per_token", "lm_loss", "lm_loss_change", "run_ids")

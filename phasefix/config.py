@@ -87,7 +87,11 @@ class FitConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     mitigation: dict[str, Any] | None = None
-    experiment: dict[str, Any] | None = None
+    # The config group choices this config was composed from (conf/regime, conf/recipe, conf/arm): written by
+    # `phasefix.cli.compose` from Hydra's runtime choices, never typed; they name the run and tag it in MLflow.
+    regime: str | None = None
+    recipe: str | None = None
+    arm: str | None = None
     seed: int = 0
     run_name: str | None = None
     output_dir: str | None = None
@@ -194,6 +198,12 @@ class AnalyzeConfig:
 
 
 def register_configs() -> None:
+    # `${plus_one:${model.stride}}`: W = S + 1 that follows the stride (conf/arm/bridge*.yaml)
+    if not OmegaConf.has_resolver("plus_one"):
+        OmegaConf.register_new_resolver("plus_one", lambda x: int(x) + 1)
+    # `${half:${trainer.max_steps}}`: a curriculum switch that follows the budget (conf/recipe/inseqfirst.yaml)
+    if not OmegaConf.has_resolver("half"):
+        OmegaConf.register_new_resolver("half", lambda x: int(x) // 2)
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
     cs.store(group="data", name="retrieval_schema", node=RetrievalData)

@@ -23,13 +23,11 @@ from phasefix.errors import ConfigError, check
 def plan_model(cfg: DictConfig):
     """(model config as the mitigations change it, the mitigations); ConfigError when a mitigation cannot apply to
     the model (e.g. head_coord with one KV head)."""
-    from phasefix.mitigations import build_mitigations
+    from phasefix.mitigations import configured_model
 
-    model_cfg = C.model_config(cfg)
-    mitigations = build_mitigations(cfg.get("mitigation"))
-    for m in mitigations:
-        model_cfg = m.configure_model(model_cfg)
-    return model_cfg, mitigations
+    mitigation = cfg.get("mitigation")
+    return configured_model(C.to_container(cfg.model),
+                            OmegaConf.to_container(mitigation, resolve=True) if mitigation else None)
 
 
 def plan(cfg: DictConfig) -> dict:
@@ -69,8 +67,12 @@ def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> floa
 
 
 def run_name(cfg: DictConfig) -> str:
+    """`run_name`, else `<regime>-<arm>-s<seed>` from the config group choices, else (the default regime and arm)
+    `<model>-W<window>S<stride>[-<mitigations>]`."""
     if cfg.run_name:
         return cfg.run_name
+    if cfg.get("regime", "default") not in (None, "default") or cfg.get("arm", "baseline") not in (None, "baseline"):
+        return f"{cfg.regime}-{cfg.arm}-s{cfg.seed}"
     m = cfg.model
     name = m.name if m.attention == "full" else f"{m.name}-W{m.window}S{m.stride}"
     if cfg.get("mitigation"):
@@ -192,6 +194,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
             **({"forked_from": f"{source.run_id} at step {start_step} ({source.checkpoint()})"} if source else {}),
+            **{g: str(cfg[g]) for g in ("regime", "arm") if cfg.get(g)},  # Hydra's choices (phasefix.cli.compose)
             **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
         tracking.log_params(c, run_id, resolved)
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
@@ -219,6 +222,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                     mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
                                     if cfg.get("mitigation") else None,
                                     paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
+                                    built=(model_cfg, p["mitigations"]),  # what plan built: not built again
                                     **(data_cfg.text_loss if is_lm_mix else {}))
             data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
                                        eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,

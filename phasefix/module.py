@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from phasefix.metrics import PhaseAccuracy
-from phasefix.mitigations import build_mitigations
+from phasefix.mitigations import configured_model
 from phasefix.mitigations.base import loss_ramp
 from phasefix.mitigations.gates import effective_slots, static_gate_distribution
-from phasefix.model import CompressedQwen3, ModelConfig
+from phasefix.model import CompressedQwen3
 from phasefix.predict import query_predictions
 from phasefix import tracking
 
@@ -38,13 +38,13 @@ class PhaseFixModule(L.LightningModule):
     def __init__(self, model: Mapping, optim: Mapping, max_steps: int, mitigation: Mapping | None = None,
                  paddings: tuple[str, ...] = ("prefix",), period: int = 24, seed: int = 0,
                  text_label_start: int | None = None, lm_weight: float = 1.0, lm_start_step: int = 0,
-                 lm_ramp_steps: int = 0):
+                 lm_ramp_steps: int = 0, built: tuple | None = None):
+        """`model`, `mitigation`: the run's config nodes, kept as hyper-parameters (a checkpoint rebuilds the module
+        from them); `built`: (model config, mitigations) as `phasefix.fit.plan` built them from those nodes, used
+        as they are (else built here by the same rule, `configured_model`)."""
         super().__init__()
-        self.save_hyperparameters(logger=False)
-        self.mitigations = build_mitigations(mitigation)
-        model_cfg = ModelConfig.from_dict(dict(model))
-        for m in self.mitigations:
-            model_cfg = m.configure_model(model_cfg)
+        self.save_hyperparameters(logger=False, ignore=["built"])
+        model_cfg, self.mitigations = built if built is not None else configured_model(model, mitigation)
         self.model_config = model_cfg
         self.model = CompressedQwen3(model_cfg)
         for m in self.mitigations:

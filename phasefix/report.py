@@ -70,7 +70,7 @@ COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "m
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
 OPTIONS = ("experiment", "runs", "tables", "join", "into", "kind", "tracking_uri", "out", "log", "verbose",
-           "experiment_name")
+           "experiment_name", "results")
 
 
 @dataclass
@@ -82,6 +82,7 @@ class ReportConfig:
     tables: list[str] = field(default_factory=list)  # committed report folders (`DIR` or `DIR:REGIME+REGIME`): headline
     join: list[str] = field(default_factory=list)  # committed report folders whose regimes the new runs extend
     into: str | None = None  # a document whose quotes of files in `out` are rewritten with them (needs out=)
+    results: str | None = None  # write the results page (docs/results.md) from the committed tables: phasefix.results
     tracking_uri: str | None = None
     out: str | None = None  # default outputs/reports/<date>-<time>
     log: bool = True  # log the report to a new MLflow run
@@ -111,7 +112,7 @@ def shim(argv: Sequence[str]) -> list[str]:
             bare = "experiment_name"
         if bare in ("runs", "kind", "tables", "join") and not value.startswith("["):
             value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
-        elif bare in ("experiment_name", "tracking_uri", "out", "into") and not value.startswith(("'", '"')):
+        elif bare in ("experiment_name", "tracking_uri", "out", "into", "results") and not value.startswith(("'", '"')):
             value = quoted(value)
         out.append(f"{bare}={value}")
     return out
@@ -430,6 +431,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def work(cfg: DictConfig) -> int:
         quiet(cfg.verbose)  # -v: the libraries' own output too
+        if cfg.results:  # the results page, from the committed tables (comparisons/*.yaml name them)
+            from phasefix.results import write_results
+
+            path = write_results(cfg.results)
+            print(f"results page written to {path} ({len(path.read_text().splitlines())} lines)")
+            return 0
         res = report(cfg)
         if cfg.tables:
             print((Path(res["out"]) / "headline.md").read_text(), end="")

@@ -2,7 +2,6 @@
 and every tool end-to-end through the CLI on one tiny checkpoint (one fit for the whole module)."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -17,21 +16,16 @@ from phasefix.analyze.knockout import calibration_means, knocked_out, knockout, 
 from phasefix.data import make_phase_eval
 from phasefix.errors import ConfigError
 from phasefix.model import CompressedQwen3, ModelConfig
+from helpers import TINY_FIT, cache_dir
 
 torch.set_num_threads(1)
 
 # The smallest fit that leaves a checkpoint, config.yaml and an MLflow run (W4/S4, 2 layers, 2 KV heads).
-FAST = ["trainer.max_steps=4", "trainer.val_every_n_steps=4", "trainer.checkpoint_every_n_steps=4",
-        "trainer.batch_size=16", "trainer.progress_bar=false", "trainer.num_threads=1", "data.num_train=64",
-        "data.num_val=16", "eval.paddings=[prefix]", "eval.per_residue=1", "eval.val_per_residue=1", "eval.n_boot=10",
-        "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "model.hidden_size=64", "model.intermediate_size=128",
-        "model.head_dim=16"]
+FAST = TINY_FIT  # tests/helpers.py
 TASK = dict(num_records=8, num_demos=3, num_keys=16, num_values=16, num_filler=8)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def tiny_model(seed: int = 0, **overrides) -> CompressedQwen3:
@@ -198,16 +192,9 @@ def tiny_run(tmp_path_factory):
     from phasefix.fit import compose, fit
 
     tmp = tmp_path_factory.mktemp("analyze")
-    old = os.environ.get("PHASEFIX_CACHE")
-    os.environ["PHASEFIX_CACHE"] = str(tmp / "cache")
-    try:
+    with cache_dir(tmp / "cache"):
         uri = f"sqlite:///{tmp / 'mlflow.db'}"
         summary = fit(compose(FAST + [f"logger.tracking_uri={uri}", f"output_dir={tmp / 'run'}"]))
-    finally:
-        if old is None:
-            os.environ.pop("PHASEFIX_CACHE", None)
-        else:
-            os.environ["PHASEFIX_CACHE"] = old
     torch.set_num_threads(1)
     return {"dir": tmp / "run", "uri": uri, "run_id": summary["mlflow_run_id"]}
 

@@ -3,7 +3,6 @@ a hand-starved phase, and `analyze gates/audit model=...` run end to end on a ti
 (built from transformers' own classes, saved with a locally trained tokenizer) and on a phasefix checkpoint."""
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -16,22 +15,17 @@ from phasefix.analyze.audit import (fold, hf_gate_biases, model_prediction, pear
                                     state_tensors)
 from phasefix.errors import ConfigError
 from phasefix.model.deepseek_v4 import compressors, cycled, export_compressor, import_compressor
+from helpers import TINY_FIT, cache_dir
 
 transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 
 # The smallest fit that leaves a checkpoint (as in tests/test_analyze.py): W4/S4, 2 layers, 2 KV heads.
-FAST = ["trainer.max_steps=4", "trainer.val_every_n_steps=4", "trainer.checkpoint_every_n_steps=4",
-        "trainer.batch_size=16", "trainer.progress_bar=false", "trainer.num_threads=1", "data.num_train=64",
-        "data.num_val=16", "eval.paddings=[prefix]", "eval.per_residue=1", "eval.val_per_residue=1", "eval.n_boot=10",
-        "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "model.hidden_size=64", "model.intermediate_size=128",
-        "model.head_dim=16"]
+FAST = TINY_FIT  # tests/helpers.py
 STARVED = 2  # the phase the hand-set slot bias starves in layer 0's CSA compressor
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def tiny_config(**kw) -> DeepseekV4Config:
@@ -219,21 +213,13 @@ def test_weights_are_read_from_shards_under_the_original_names(tmp_path):
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """The tiny DeepSeek-V4 above with a byte-level BPE tokenizer trained on the prompt templates' words."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    from helpers import tiny_tokenizer
     from phasefix.data.text_prompts import ANIMALS, FILLER, HEADERS, NAMES
 
     rng = random.Random(0)
     corpus = list(HEADERS.values()) + [" ".join(FILLER)]
     corpus += [f"{a}: {rng.choice(NAMES)}\n" for a in ANIMALS for _ in range(2)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast = tiny_tokenizer(corpus, vocab_size=600)
     path = tmp_path_factory.mktemp("dsv4") / "tiny-deepseek-v4"
     fast.save_pretrained(path)
     torch.set_num_threads(1)
@@ -305,15 +291,8 @@ def test_cli_audit_on_a_phasefix_checkpoint_with_a_hand_set_bias(uri, tmp_path, 
     correlation is not asserted: docs/deepseek_v4.md reports it on trained runs)."""
     from phasefix.fit import compose, fit
 
-    old = os.environ.get("PHASEFIX_CACHE")
-    os.environ["PHASEFIX_CACHE"] = str(tmp_path / "cache")
-    try:
+    with cache_dir(tmp_path / "cache"):
         fit(compose(FAST + [f"logger.tracking_uri={uri}", f"output_dir={tmp_path / 'run'}"]))
-    finally:
-        if old is None:
-            os.environ.pop("PHASEFIX_CACHE", None)
-        else:
-            os.environ["PHASEFIX_CACHE"] = old
     torch.set_num_threads(1)
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True, map_location="cpu")

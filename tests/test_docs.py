@@ -55,15 +55,20 @@ def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
     assert seen >= 1  # docs/results.md quotes its headline
 
 
-def test_results_open_with_the_generated_headline():
-    """docs/results.md's first table is docs/figures/headline/headline.md as `phasefix.report tables=...` wrote it
-    (no hand-copied figures), and every table it names is committed."""
-    headline = (PROJECT_ROOT / "docs" / "figures" / "headline" / "headline.md").read_text()
+def test_results_are_generated_and_open_with_the_answer():
+    """docs/results.md is the page `phasefix.report results=docs/results.md` writes from the committed tables (no
+    hand-copied figures), at most ~150 lines; its first table is the answer (regime, arm to use, seeds, costs); every
+    table it links is committed."""
+    from phasefix.results import results_page
+
     results = (PROJECT_ROOT / "docs" / "results.md").read_text()
-    first_table = results[results.index("\n|") + 1:]
-    assert first_table.startswith(headline)
-    for table in set(re.findall(r"`(docs/figures/[^`]+)` \|", headline)):
-        assert (PROJECT_ROOT / table / "decisive.csv").is_file(), table
+    assert results == results_page(), "docs/results.md is stale: python -m phasefix.report results=docs/results.md"
+    assert len(results.splitlines()) <= 150
+    first_table = results[results.index("\n|") + 1:].splitlines()
+    assert first_table[0].startswith("| regime | use | seeds meeting the goal")
+    assert "| w4s4 | `bridge_gate_diversity` | 3/3, 3/3 |" in results
+    for link in set(re.findall(r"\]\((figures/[^)]+)\)", results)):
+        assert (PROJECT_ROOT / "docs" / link).is_file(), link
 
 
 # --- references resolve, no machine paths (issue 52) ---

@@ -30,16 +30,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("cache_dir")  # conftest.py
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A byte-level BPE tokenizer trained on the templates' words and a random 2-layer Qwen3, saved together."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from helpers import tiny_tokenizer
 
     rng = random.Random(0)
     corpus = list(HEADERS.values()) + [FLIP_PROMPT[0] + FLIP_PROMPT[1] + c for c in FLIP_PROMPT[2]] + [" ".join(FILLER)]
@@ -47,13 +46,7 @@ def hf_dir(tmp_path_factory):
         for a in ANIMALS:
             corpus.append(f"{a}: {rng.choice(NAMES)}\n{rng.choice(COLOURS)} {a}: {rng.choice(NAMES)} "
                           f"{rng.choice(NAMES)}\n")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast = tiny_tokenizer(corpus, vocab_size=1000)
     path = tmp_path_factory.mktemp("hf") / "tiny-qwen3"
     fast.save_pretrained(path)
     torch.manual_seed(0)

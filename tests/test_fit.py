@@ -18,20 +18,15 @@ from omegaconf import OmegaConf
 from phasefix.errors import ConfigError
 from phasefix.fit import compose, fit, main
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
+from helpers import FAST  # trainer=fast: seconds-long runs
 
-# Seconds-long runs: a few steps of 16 sequences on a small training set, small evaluation sets.
-FAST = ["trainer.max_steps=24", "trainer.val_every_n_steps=12", "trainer.checkpoint_every_n_steps=8",
-        "trainer.batch_size=16", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=16",
-        "eval.per_residue=2", "eval.val_per_residue=1", "eval.n_boot=50", "optim.warmup_steps=4"]
 
 
 def run_overrides(tmp_path: Path, name: str = "run") -> list[str]:
     return [f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"output_dir={tmp_path / name}"]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def group_options():
@@ -44,12 +39,11 @@ def group_options():
 def test_every_config_group_composes(group, option):
     from phasefix.fit import plan
 
-    prefix = "+" if group in ("mitigation", "experiment", "recipe") else ""
+    prefix = "+" if group == "mitigation" else ""
     cfg = compose([f"{prefix}{group}={option}"])  # every option works alone (data=lm_mix brings its vocabulary)
-    if group == "experiment":  # a global package: it rewrites other groups
-        assert cfg.run_name
-    elif group == "recipe":  # a global package too: it sets keys of other groups and adds none of its own
-        assert "recipe" not in cfg and cfg != compose([])
+    if group in ("regime", "recipe", "arm"):  # global packages: they set keys of other groups; the choice is recorded
+        assert cfg[group] == option
+        assert (cfg != compose([])) == (option not in ("default", "none", "baseline"))
     else:
         assert cfg[group] is not None
     gpu = "gpu" in option or cfg.trainer.accelerator == "gpu"
@@ -57,14 +51,14 @@ def test_every_config_group_composes(group, option):
         plan(cfg)  # every CPU option also validates
 
 
-CPU_EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml") if "gpu" not in p.stem)
+CPU_REGIMES = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml") if "gpu" not in p.stem)
 
 
-@pytest.mark.parametrize("experiment", CPU_EXPERIMENTS)
-def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
-    summary = fit(compose([f"+experiment={experiment}", *FAST, "trainer.max_steps=4", "eval.n_boot=10",
+@pytest.mark.parametrize("regime", CPU_REGIMES)
+def test_seconds_long_version_of_each_regime_runs(tmp_path, regime):
+    summary = fit(compose([f"regime={regime}", *FAST, "trainer.max_steps=4", "eval.n_boot=10",
                            *run_overrides(tmp_path)]))
-    cfg = compose([f"+experiment={experiment}"])
+    cfg = compose([f"regime={regime}"])
     assert summary["stride"] == cfg.model.stride and summary["window"] == cfg.model.window
     for pad in cfg.eval.paddings:
         assert len(summary[pad]["per_residue"]) == 24
@@ -75,7 +69,7 @@ def test_seconds_long_version_of_each_experiment_runs(tmp_path, experiment):
 
 
 def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
-    """`+recipe=learned` composes the config learn_recipe's trial 1 trained: the trial is imported from the committed
+    """`recipe=learned` composes the config learn_recipe's trial 1 trained: the trial is imported from the committed
     trials.csv (not read from the preset) and turned into overrides the way confirm re-runs a trial."""
     import optuna
 
@@ -88,8 +82,9 @@ def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
     import_trials(spec, study, PROJECT_ROOT / "studies/reports/learn_recipe/trials.csv")
     trial = next(t for t in study.trials if t.number == 1)
     trained = OmegaConf.to_container(compose([*spec.base, *trial_overrides(spec, trial)]))
-    preset = OmegaConf.to_container(compose([*spec.base, "+recipe=learned"]))
+    preset = OmegaConf.to_container(compose([*spec.base, "recipe=learned"]))
     assert preset["optim"].pop("lr") == pytest.approx(trained["optim"].pop("lr"), rel=1e-5)  # trials.csv: 6 digits
+    assert (preset.pop("recipe"), trained.pop("recipe")) == ("learned", "none")  # the recorded choice, not a value
     assert preset == trained
 
 
@@ -300,7 +295,7 @@ def test_misspelt_key_gets_a_suggestion(tmp_path, capsys):
 def test_help_is_the_hydra_template_with_groups_keys_and_examples(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for group in ("model", "data", "trainer", "mitigation", "experiment"):
+    for group in ("model", "data", "trainer", "mitigation", "regime", "arm", "recipe"):
         assert f"\n  {group} " in out
     assert "trainer.max_steps (800)" in out and "resume" in out
     assert out.count("python -m phasefix.fit ") >= 3
@@ -543,3 +538,27 @@ def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
         resolve_run_id(c, "0" * 31 if not any(r.startswith("0" * 31) for r in ids) else "f" * 31)
     (tmp_path / "checkpoints").mkdir()
     assert Run.open(ids[0], tracking_uri=c.tracking_uri).dir == tmp_path
+
+
+def test_the_model_config_and_mitigations_are_built_once(tmp_path, monkeypatch):
+    """plan builds them (the one rule, `configured_model`) and the module trains with those objects, not copies
+    rebuilt from the raw dicts; a checkpoint's hyper-parameters still hold the raw dicts it is rebuilt from."""
+    from lightning.pytorch.callbacks import Callback
+
+    import phasefix.mitigations as mit
+
+    made = []
+    real = mit.configured_model
+    monkeypatch.setattr(mit, "configured_model", lambda *a: made.append(real(*a)) or made[-1])
+
+    class Trained(Callback):
+        def on_fit_start(self, trainer, pl_module):
+            made.append(("module", pl_module.model_config, pl_module.mitigations))
+
+    fit(compose([*FAST, "trainer.max_steps=2", "eval.n_boot=10", "arm=bridge_gate_diversity",
+                 *run_overrides(tmp_path)]), callbacks=[Trained()])
+    (model_cfg, mitigations), (_, trained_cfg, trained_mitigations) = made  # one build, then the module
+    assert trained_cfg is model_cfg and trained_mitigations is mitigations
+    assert model_cfg.window == 5 and [m.name for m in mitigations] == ["gate_diversity"]
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "built" not in ckpt["hyper_parameters"] and ckpt["hyper_parameters"]["model"]["window"] == 5

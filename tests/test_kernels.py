@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from phasefix import kernels  # noqa: E402
 from phasefix.kernels.compressed_attention import blocked, naive  # noqa: E402
 from phasefix.kernels.gated_pool import naive as naive_pool  # noqa: E402
-from phasefix.model import compression as grid  # noqa: E402
+from phasefix.kernels import window_grid as grid  # noqa: E402
 
 kg = importlib.import_module("phasefix.kernels.gated_pool.triton")
 ka = importlib.import_module("phasefix.kernels.compressed_attention.triton")

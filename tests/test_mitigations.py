@@ -22,13 +22,7 @@ GATE_LOSSES = ("gate_diversity", "head_coord", "layer_coord")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops: one thread is as fast and does not stall when the machine's cores are busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def fake(cfg: ModelConfig):

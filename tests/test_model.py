@@ -11,7 +11,7 @@ import torch
 
 from phasefix.errors import ConfigError
 from phasefix.model import CompressedQwen3, ModelConfig, preset_names
-from phasefix.model import compression
+from phasefix.kernels import window_grid as compression
 
 sys.path.insert(0, str(Path(__file__).parent))
 import oracle  # noqa: E402  (tests/oracle.py: the independent float64 oracle of the whole model)

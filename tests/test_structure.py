@@ -85,3 +85,15 @@ def test_a_circle_is_found_when_there_is_one(tmp_path, monkeypatch):
 def test_no_module_is_over_about_500_lines():
     long = {m: n for m, f in modules().items() if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_kernels_stand_alone():
+    """No arrow from phasefix/kernels back up into the model (or anything else of phasefix): the kernels import only
+    each other and the window grid, a leaf that imports nothing of phasefix; the model imports the grid from there."""
+    graph = import_graph()
+    kernels = {m for m in graph if m.startswith("phasefix.kernels")}
+    assert "phasefix.kernels.compressed_attention.blocked" in kernels  # the scan sees them
+    up = {m: sorted(d for d in graph[m] if not d.startswith("phasefix.kernels")) for m in kernels}
+    assert {m: d for m, d in up.items() if d} == {}
+    assert graph["phasefix.kernels.window_grid"] == set()
+    assert "phasefix.kernels.window_grid" in graph["phasefix.model.qwen3"]

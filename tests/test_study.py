@@ -85,9 +85,7 @@ def seeded_fit(cfg, callbacks=(), *, fake_dir: str, prune_seed: int | None = Non
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("cache_dir")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ each op has a readable `naive` reference beside its fast versions, all of one si
 - `compressed_attention/`: `naive` (dense, the tests' ground truth), `blocked` (the CPU default), `triton` (CUDA).
 
 `ops(impl)` gives the pair the model calls for `model.attn_impl`; nothing is imported before it is asked for, so
-`import phasefix.kernels` needs torch alone and `naive`/`triton` import nothing else of phasefix.
+`import phasefix.kernels` needs torch alone; the kernels import nothing of phasefix but the window grid
+(`window_grid`, a leaf) and each other: no arrow back up into the model.
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from phasefix.errors import ConfigError
+from phasefix.model.config import ModelConfig
 from phasefix.mitigations.base import Mitigation, as_options
 from phasefix.mitigations.controls import PhaseJitter, StaggeredOffsets
 from phasefix.mitigations.gate_losses import GateDiversity, HeadCoord, LayerCoord, phase_coverage, slot_assignment
@@ -37,11 +38,22 @@ def build_mitigations(cfg: Mapping | None) -> list[Mitigation]:
     return out
 
 
+def configured_model(model: Mapping, mitigation: Mapping | None) -> tuple[ModelConfig, list[Mitigation]]:
+    """The one rule that turns a run's `model` and `mitigation` nodes into objects: the model config as the
+    mitigations change it (`Mitigation.configure_model`, in order) and the mitigations. `phasefix.fit.plan` builds
+    a run's with it and hands them to the module; a checkpoint's hyper-parameters are rebuilt with it too."""
+    model_cfg = ModelConfig.from_dict(dict(model))
+    mitigations = build_mitigations(mitigation)
+    for m in mitigations:
+        model_cfg = m.configure_model(model_cfg)
+    return model_cfg, mitigations
+
+
 def mitigation_names(mitigations: list[Mitigation]) -> str:
     """A short tag for run names, e.g. 'gate_diversity+head_coord'."""
     return "+".join(m.name for m in mitigations)
 
 
 __all__ = ["GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "REGISTRY", "StaggeredOffsets",
-           "answered_phases", "build_mitigations", "effective_slots", "mitigation_names",
+           "answered_phases", "build_mitigations", "configured_model", "effective_slots", "mitigation_names",
            "phase_coverage", "slot_assignment", "static_gate_distribution"]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from phasefix import kernels
 from phasefix.kernels.gated_pool.naive import gated_pool
-from phasefix.model import compression
+from phasefix.kernels import window_grid as compression
 from phasefix.model.config import ModelConfig
 
 

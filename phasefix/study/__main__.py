@@ -85,6 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from phasefix.study.confirm import run_confirm
 
             return run_confirm(cfg.spec, cfg.confirm, cfg.storage, cfg.workers, import_from=cfg.import_trials)["rc"]
+        from phasefix.study.cells import is_comparison
+
+        if is_comparison(cfg.spec):  # comparisons/<name>.yaml: regimes x arms x seeds, the missing cells only
+            from phasefix.study.grid import run_comparison
+
+            return run_comparison(cfg.spec, cfg.workers)["rc"]
         return run_study(cfg.spec, cfg.n_trials, cfg.storage, cfg.workers, cfg.report,
                          import_from=cfg.import_trials)["rc"]
 

@@ -186,7 +186,9 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
         summaries, dirs = [], {}
         for seed in spec.seeds or [None]:  # seeds: one run each, in turn; a seed that is pruned prunes the trial
             run_dir, history = out_dir if seed is None else out_dir / f"s{seed}", []
-            one = ([f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}'"] if seed is None else
+            # a comparison's cell (grid sampler) keeps the name its regime and arm give it (<regime>-<arm>-s<seed>)
+            named = [] if spec.sampler.get("type") == "grid" else [f"run_name='{spec.name}-t{trial.number}'"]
+            one = ([f"output_dir='{run_dir}'", *named] if seed is None else
                    [f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'", f"seed={seed}"])
             overrides = list(spec.base) + ovs + extra + one
             overrides.append(tracking.command_override(overrides))  # the table row names how to redo the run

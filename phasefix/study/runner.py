@@ -118,6 +118,8 @@ def make_sampler(spec: StudySpec, worker: int = 0, resumed: int = 0):
             return optuna.samplers.NSGAIISampler(population_size=s.get("population_size", 50), seed=seed)
         if s["type"] == "random":
             return optuna.samplers.RandomSampler(seed=seed)
+        if s["type"] == "grid":  # a comparison's cells (phasefix.study.cells): each once, whichever worker
+            return optuna.samplers.GridSampler({p.name: p.choices for p in spec.params}, seed=s.get("seed"))
         multivariate = s.get("multivariate", True)
         return optuna.samplers.TPESampler(n_startup_trials=s.get("n_startup_trials", 10), seed=seed,
                                           multivariate=multivariate, group=multivariate, constant_liar=True)

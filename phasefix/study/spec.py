@@ -24,7 +24,8 @@ CONFIRM_KEYS = ("seeds", "baseline")
 PARAM_KEYS = ("choices", "high", "log", "low", "override", "requires", "step", "type")
 PARAM_TYPES = ("categorical", "int", "float", "logfloat")
 SAMPLER_KEYS = {"tpe": ("type", "seed", "n_startup_trials", "multivariate"),
-                "nsga2": ("type", "seed", "population_size"), "random": ("type", "seed")}
+                "nsga2": ("type", "seed", "population_size"), "random": ("type", "seed"),
+                "grid": ("type", "seed")}
 SAMPLERS = tuple(SAMPLER_KEYS)
 STORAGE_KEYS = ("url", "heartbeat_interval", "grace_period", "max_retry")
 DIRECTIONS = ("maximize", "minimize")

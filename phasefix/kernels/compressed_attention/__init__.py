@@ -8,5 +8,5 @@ query_block)`:
 - `triton`: FlashAttention-style kernels (forward and backward), the CUDA path.
 
 Import the one you need: `naive` and `triton` need only torch (and triton), `blocked` uses the grid helpers of
-`phasefix.model.compression`.
+`phasefix.kernels.window_grid`.
 """

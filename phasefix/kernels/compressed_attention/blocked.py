@@ -2,14 +2,14 @@
 
 Same contract as `naive.compressed_attention` (the dense reference it is tested against) without a T x T matrix:
 query blocks, a chunked raw band and `_JointSoftmax`, whose backward is written out so that the entries' gradients
-accumulate in place. The grid rules (visibility, tail start, per-head offsets) come from `phasefix.model.compression`.
+accumulate in place. The grid rules (visibility, tail start, per-head offsets) come from `phasefix.kernels.window_grid`.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from phasefix.model.compression import by_grid_offset, num_visible, tail_start
+from phasefix.kernels.window_grid import by_grid_offset, num_visible, tail_start
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:

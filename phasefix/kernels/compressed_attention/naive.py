@@ -1,6 +1,6 @@
 """Compressed attention (science.md §2), naive: the readable reference (fla's `naive.py` beside the fast ops).
 
-It builds the full [T, T + N] visibility mask from the definitions (not from `phasefix.model.compression`'s
+It builds the full [T, T + N] visibility mask from the definitions (not from `phasefix.kernels.window_grid`'s
 helpers, so that it checks them too), uses one dense masked softmax and never downcasts float64: in float64 it is
 the ground truth the tests hold `blocked` and `triton` to. Memory is O(T^2): for tests and small checks
 (`model.attn_impl=naive`). Torch only (no phasefix import).

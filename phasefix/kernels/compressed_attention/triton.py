@@ -422,7 +422,7 @@ def compressed_attention_(q, k, v, k_cmp, v_cmp, *, stride, local_window=16, loc
         raise ValueError(f"compressed_attention: local_memory must be one of {LOCAL_MEMORY}, got {local_memory!r}")
     if not isinstance(grid_offset, int):
         raise ValueError(f"compressed_attention: grid_offset must be one int, got {grid_offset!r}: per-KV-head offsets "
-                         "(model.head_offsets) take one call per offset (phasefix.model.compression.by_grid_offset)")
+                         "(model.head_offsets) take one call per offset (phasefix.kernels.window_grid.by_grid_offset)")
     if not 0 <= grid_offset < stride:
         raise ValueError(f"compressed_attention: grid_offset {grid_offset} not in [0, {stride})")
     if sink is not None and tuple(sink.shape) != (H,):

@@ -1,6 +1,7 @@
 """The window grid of chunked KV compression (science.md §2): which tokens each entry pools, which entries each
 query sees, where the entries sit. Math only; the attention itself lives in `phasefix/kernels/` (`naive`, `blocked`,
-`triton`, chosen by `model.attn_impl`), the compressor in `qwen3.Compressor`.
+`triton`, chosen by `model.attn_impl`), the compressor in `phasefix.model.qwen3.Compressor`. A leaf: it imports
+only torch, so the kernels and the model both use it and the kernels never import the model.
 
 Grid (with an optional `grid_offset` d in [0, S), 0 in the paper): window j ends at token (j+1)S-1-d and starts at
 (j+1)S-W-d; slots before position 0 get zero weight. Entry j is visible to query t once its window is complete:

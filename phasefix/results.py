@@ -1,0 +1,184 @@
+"""docs/results.md, generated from the committed tables (no MLflow): first the answer (per regime: the arm to use,
+what it costs, how many seeds meet the goal), then the regime x arm matrix, the arm legend (conf/arm/) and links to
+each committed table.
+
+    python -m phasefix.report results=docs/results.md
+
+The sources are the comparison files (comparisons/*.yaml): the headline's committed folders (`tables:`) and, for
+any other comparison whose folder (`out:`) holds a `decisive.csv`, that table. Arm codes of tables written before
+conf/arm/ existed are shown under today's names (`phasefix.comparison.ARM_NAMES`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, arm_name, read_table
+from phasefix.paths import CONF_DIR, PROJECT_ROOT
+
+PADS = ("prefix", "in_sequence")
+BYTES_PER_VALUE = 2  # a cache entry's vectors stored in bf16
+
+
+def arm_overrides(arm: str) -> str:
+    """conf/arm/<arm>.yaml as the overrides it amounts to (`model.window=S+1` for the stride-following window)."""
+    node = OmegaConf.load(CONF_DIR / "arm" / f"{arm}.yaml")
+    words = [f"+mitigation={next(iter(d.values()))}" for d in node.get("defaults", []) if isinstance(d, Mapping)]
+    body = OmegaConf.to_container(node, resolve=False)
+    body.pop("defaults", None)
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+    for key, value in walk(body):
+        if isinstance(value, str) and value.startswith("${plus_one:"):
+            value = "S+1"
+        words.append(f"{key}={value}")
+    return " ".join(words) or "(nothing: the regime as it is)"
+
+
+def cache_bytes(regime: str, arm: str) -> float:
+    """Compressed-cache bytes per token of a cell (entries per token x vectors per entry x head_dim, bf16)."""
+    from phasefix.config import model_config
+    from phasefix.fit import compose
+
+    m = model_config(compose([f"regime={regime}", f"arm={arm}"]))
+    return m.cache_entries_per_token() * (1 if m.tied_kv else 2) * m.head_dim * BYTES_PER_VALUE
+
+
+def _rows(folder_spec: str) -> list[dict]:
+    folder, _, regimes = folder_spec.partition(":")
+    rows = read_table(PROJECT_ROOT / folder / "decisive.csv")
+    wanted = [r for r in regimes.split("+") if r]
+    return [{**r, "arm": arm_name(r["arm"]), "table": r.get("table") or folder} for r in rows
+            if not wanted or r["regime"] in wanted]
+
+
+def _by(rows, regime, arm, pad):
+    return next((r for r in rows if (r["regime"], r["arm"], r["padding"]) == (regime, arm, pad)), None)
+
+
+def _cell(r) -> str:
+    if r is None:
+        return "-"
+    worst = "" if math.isnan(r["acc_worst"]) else f" / {r['acc_worst']:.2f}"
+    return f"{r['goal_met']}/{r['seeds']} ({r['acc_mean']:.2f}{worst})"
+
+
+def _pct(x: float, base: float) -> str:
+    if not base or math.isclose(x, base, rel_tol=1e-9):
+        return "same"
+    return f"{100 * (x / base - 1):+.0f}%"
+
+
+def answer(rows: Sequence[Mapping]) -> list[str]:
+    """The answer table: per regime, the best arm at the baseline's cache entries (the headline's choice), its cost
+    and the seeds that meet the goal on each padding."""
+    from phasefix.comparison import best_rows
+
+    lines = ["| regime | use | seeds meeting the goal (prefix, in-sequence) | compressor MACs / token | "
+             "cache entries / token | cache bytes / token |", "|---|---|---|---|---|---|"]
+    best = best_rows(rows)
+    for regime in dict.fromkeys(r["regime"] for r in best):
+        arm = next((r["arm"] for r in best if r["regime"] == regime and r["arm"] != BASELINE_ARM), None)
+        if arm is None:
+            continue
+        got = [_by(best, regime, arm, p) for p in PADS]
+        base = [_by(best, regime, BASELINE_ARM, p) for p in PADS]
+        one, b = next(r for r in got if r), next(r for r in base if r)
+        met = ", ".join(f"{r['goal_met']}/{r['seeds']}" if r else "-" for r in got)
+        macs, bmacs = one["compressor_flops_per_token"], b["compressor_flops_per_token"]
+        by, bby = cache_bytes(regime, arm), cache_bytes(regime, BASELINE_ARM)
+        entries, bentries = one["cache_entries_per_token"], b["cache_entries_per_token"]
+        lines.append(f"| {regime} | `{arm}` | {met} | {macs:,.0f} ({_pct(macs, bmacs)}) | "
+                     f"{entries:.3f} ({_pct(entries, bentries)}) | {by:,.0f} ({_pct(by, bby)}) |")
+    return lines
+
+
+def matrix(rows: Sequence[Mapping], arms: Sequence[str]) -> list[str]:
+    """Regime x arm: per padding, seeds meeting the goal of the seeds scored (mean / worst over learned seeds)."""
+    shown = [a for a in arms if any(r["arm"] == a for r in rows)]
+    lines = ["| regime | padding | " + " | ".join(f"`{a}`" for a in shown) + " |",
+             "|---|---|" + "---|" * len(shown)]
+    for regime in dict.fromkeys(r["regime"] for r in rows):
+        for pad in PADS:
+            if any(_by(rows, regime, a, pad) for a in shown):
+                lines.append(f"| {regime} | {pad} | " + " | ".join(_cell(_by(rows, regime, a, pad)) for a in shown)
+                             + " |")
+    return lines
+
+
+def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
+    """The page's text (see the module docstring)."""
+    from phasefix.study.cells import load_comparison
+
+    paths = [Path(p) for p in comparisons] if comparisons else sorted((PROJECT_ROOT / "comparisons").glob("*.yaml"))
+    comps = [load_comparison(p) for p in paths]
+    arms = [p.stem for p in sorted((CONF_DIR / "arm").glob("*.yaml"))]
+    arms = [BASELINE_ARM] + [a for a in arms if a != BASELINE_ARM]
+    known = set(arms)
+    head = next((c for c in comps if c.tables), None)
+    rows = [r for spec in (head.tables if head else []) for r in _rows(spec)]
+    rows = [r for r in rows if r["arm"] in known]
+    out = ["# Results", "",
+           "Generated by `python -m phasefix.report results=docs/results.md` from the committed tables (each links",
+           "below; its `comparison.csv` names every run's command, commit, machine and time). Do not edit by hand;",
+           "the dated history of these studies is in docs/notebook/.", "",
+           f"**Goal**: on every seed, the worst phase is at least {GOAL_RATIO} x the mean, and the mean is at least "
+           "the", "unmitigated model's (same regime, same padding), on prefix and in-sequence filler.", ""]
+    if head:
+        out += ["## What to use", "",
+                "Per regime, the arm that meets the goal on the most seeds at the unmitigated model's cache entries",
+                f"per token (`python -m phasefix.fit regime=R arm=A seed=N`; comparisons/{head.path.name} re-runs "
+                "them all). Costs", "are per token, summed over layers; the change is against `baseline` "
+                "(bytes: bf16 entries).", ""]
+        out += answer(rows)
+        out += ["", "## Regime x arm", "",
+                "Seeds meeting the goal / seeds scored (mean / worst phase, over the seeds that learned).", ""]
+        out += matrix(rows, arms)
+    for comp in comps:
+        if comp is head or comp.out is None or not (comp.out / "decisive.csv").is_file():
+            continue
+        crows = [{**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out / "decisive.csv")]
+        out += ["", f"## {comp.name}: {comp.description}", "",
+                f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table "
+                f"[{comp.out.relative_to(PROJECT_ROOT)}]({comp.out.relative_to(PROJECT_ROOT / 'docs')}/decisive.md).",
+                ""]
+        out += matrix(crows, arms)
+        if (comp.out / "stopped.md").is_file():
+            out += ["", "Stopped after the first seed:", "", *(comp.out / "stopped.md").read_text().splitlines()]
+    out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "
+            "S is the regime's stride.", "", "| arm | overrides |", "|---|---|"]
+    out += [f"| `{a}` | `{arm_overrides(a)}` |" for a in arms]
+    if head:
+        out += ["", "## Tables", ""]
+        for r in head.regimes:
+            links = ", ".join(f"[{Path(t).name}]({Path(t).relative_to('docs')}/comparison.md)" for t in r.tables)
+            out.append(f"- {r.name}: {links}")
+        if head.out and (head.out / "headline.md").is_file():
+            from phasefix.comparison import ARM_NAMES
+            from phasefix.quotes import quote_text
+
+            rel = head.out.relative_to(PROJECT_ROOT / "docs")
+            codes = ", ".join(f"{k} = `{v}`" for k, v in ARM_NAMES.items())
+            out += ["", "## The headline table", "",
+                    f"Every padding, with training time and lm_loss, as `python -m phasefix.report tables=...` wrote "
+                    f"[{rel}/headline.md]({rel}/headline.md)", f"(arm codes of that time: {codes}).", "",
+                    f"<!-- quote: {rel}/headline.md -->\n" + quote_text((head.out / "headline.md").read_text())
+                    + "<!-- /quote -->"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_results(path: str | Path, comparisons: Sequence[str | Path] | None = None) -> Path:
+    path = Path(path)
+    path.write_text(results_page(comparisons))
+    return path
+
+
+__all__ = ["answer", "arm_overrides", "cache_bytes", "matrix", "results_page", "write_results"]

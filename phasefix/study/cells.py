@@ -1,0 +1,305 @@
+"""A comparison file (`comparisons/<name>.yaml`): regimes x arms x seeds, run as a grid of cells through the study
+runner (`phasefix.study.grid`: Optuna's GridSampler, one trial per cell: SQLite by default, `workers=`,
+interrupted cells retried).
+
+    python -m phasefix.study spec=comparisons/headline.yaml workers=2
+
+A cell is `regime=R arm=A seed=N` (conf/regime, conf/arm) plus the file's `base` overrides (threads, progress bars:
+nothing that changes what is trained). A cell already finished is not trained again: its trial reuses
+
+- a run of a committed table the regime names (`table:`), tagged with the regime and the arm (old arm codes mapped:
+  `phasefix.comparison.ARM_NAMES`) and trained on the seed (tests/test_regimes.py checks that such runs trained
+  what the cell composes), or
+- a FINISHED fit run in the MLflow store whose logged config equals the cell's on the keys that decide what is
+  trained (`IDENTITY`: model, data, optim, mitigation, trainer.max_steps, seed), whatever its tags or name.
+
+So an empty store trains exactly the missing cells, and a complete comparison trains nothing; its tables are then
+written again from the same runs. `then:` stages a comparison: the first seeds of every cell first, the further
+seeds only for the arms whose first seeds learned and whose mean is not below the unmitigated mean (issue 54).
+The file's keys: comparisons/README.md.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from phasefix.errors import ConfigError, check, check_choice
+from phasefix.paths import CONF_DIR, PROJECT_ROOT
+
+TOP_KEYS = ("name", "description", "base", "seeds", "regimes", "then", "tables", "out", "storage",
+            "experiment_name", "tracking_uri")
+REGIME_KEYS = ("arms", "seeds", "steps", "table", "then")
+THEN_KEYS = ("seeds", "when")
+WHEN = ("learned_not_below_baseline",)
+# The keys of a composed fit config that decide what is trained: two runs equal on these trained the same cell.
+IDENTITY = ("model.", "data.", "optim.", "mitigation.", "trainer.max_steps", "trainer.batch_size", "seed")
+METRICS = ("acc_mean", "acc_worst", "acc_gap")
+
+
+@dataclass
+class RegimeCells:
+    name: str
+    arms: list[str]
+    seeds: list[int]
+    steps: int | None = None  # the budget, when not the regime's own trainer.max_steps
+    tables: list[str] = field(default_factory=list)  # committed report folders whose runs of this regime count as
+    # finished cells
+    then: list[int] | None = None  # this regime's `then` seeds (default: the file's then.seeds)
+
+
+@dataclass
+class Comparison:
+    name: str
+    path: Path
+    regimes: list[RegimeCells]
+    base: list[str] = field(default_factory=list)
+    then_seeds: list[int] = field(default_factory=list)
+    then_when: str = "learned_not_below_baseline"
+    tables: list[str] = field(default_factory=list)  # the report's committed folders (`report tables=`)
+    out: Path | None = None
+    storage: str | None = None
+    experiment_name: str | None = None
+    tracking_uri: str | None = None
+    description: str = ""
+
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.path.parent / f'{self.name}.db').resolve()}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    regime: str
+    arm: str
+    seed: int
+    steps: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.regime}/{self.arm}/s{self.seed}"
+
+    def overrides(self) -> list[str]:
+        return [f"regime={self.regime}", f"arm={self.arm}", f"seed={self.seed}",
+                *([f"trainer.max_steps={self.steps}"] if self.steps else [])]
+
+
+# ------------------------------------------------------------------------------------------------ the file
+def load_comparison(path: str | Path) -> Comparison:
+    """Read and check a comparison file; every problem is a one-line ConfigError naming the key."""
+    path = Path(path).expanduser()
+    check(path.is_file(), "spec", str(path), "does not exist")
+    raw = yaml.safe_load(path.read_text()) or {}
+    check(isinstance(raw, dict) and "regimes" in raw, "spec", str(path), "must be a mapping with regimes:")
+    try:
+        return _parse(raw, path.resolve())
+    except ConfigError as e:
+        raise ConfigError(f"{path.name}: {e}") from None
+
+
+def is_comparison(path: str | Path) -> bool:
+    """Whether a `spec=` file is a comparison (a `regimes:` mapping) rather than a study."""
+    try:
+        raw = yaml.safe_load(Path(path).expanduser().read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and "regimes" in raw
+
+
+def _seeds(key: str, v) -> list[int]:
+    check(isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v)
+          and len(set(v)) == len(v), key, v, "must be a list of distinct integers >= 0")
+    return list(v)
+
+
+def _parse(raw: dict, path: Path) -> Comparison:
+    unknown = sorted(k for k in raw if k not in TOP_KEYS)
+    check(not unknown, unknown[0] if unknown else "", None,
+          f"is not a comparison key: allowed are {', '.join(TOP_KEYS)}")
+    name = raw.get("name") or path.stem
+    check(re.fullmatch(r"[A-Za-z0-9][\w.-]*", str(name)) is not None, "name", name, "must be letters, digits, _ . -")
+    base = raw.get("base") or []
+    check(isinstance(base, list) and all(isinstance(o, str) and "=" in o for o in base), "base", base,
+          "must be a list of key=value overrides")
+    for o in base:
+        key = o.lstrip("+").split("=", 1)[0]
+        check(key not in ("regime", "arm", "seed") and not any(key.startswith(p) or key == p.rstrip(".")
+                                                                for p in IDENTITY), "base", o,
+              "must not change what a cell trains (regime, arm, seed, model, data, optim, mitigation, steps): "
+              "put it in a regime or an arm")
+    seeds = _seeds("seeds", raw.get("seeds", [0, 1, 2]))
+    regimes_raw = raw["regimes"]
+    check(isinstance(regimes_raw, dict) and regimes_raw, "regimes", regimes_raw, "must map regime names to {arms}")
+    known_regimes = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml"))
+    known_arms = sorted(p.stem for p in (CONF_DIR / "arm").glob("*.yaml"))
+    regimes = []
+    for rname, r in regimes_raw.items():
+        check_choice("regimes", rname, known_regimes)
+        r = {"arms": r} if isinstance(r, list) else r
+        check(isinstance(r, dict), f"regimes.{rname}", r, "must be a list of arms or {arms, seeds, steps, table}")
+        bad = sorted(k for k in r if k not in REGIME_KEYS)
+        check(not bad, f"regimes.{rname}.{bad[0] if bad else ''}", None, f"allowed keys are {', '.join(REGIME_KEYS)}")
+        arms = r.get("arms") or []
+        check(isinstance(arms, list) and arms, f"regimes.{rname}.arms", arms, "must be a non-empty list of arms")
+        for a in arms:
+            check_choice(f"regimes.{rname}.arms", a, known_arms)
+        steps = r.get("steps")
+        check(steps is None or (isinstance(steps, int) and steps >= 1), f"regimes.{rname}.steps", steps,
+              "must be an integer >= 1")
+        tables = r.get("table") or []
+        tables = [tables] if isinstance(tables, str) else tables
+        for table in tables:
+            check(isinstance(table, str) and (PROJECT_ROOT / table / "comparison.csv").is_file(),
+                  f"regimes.{rname}.table", table,
+                  "must be a committed report folder (with comparison.csv) or a list of them, relative to the project")
+        then = _seeds(f"regimes.{rname}.then", r["then"]) if r.get("then") is not None else None
+        regimes.append(RegimeCells(str(rname), list(arms), _seeds(f"regimes.{rname}.seeds", r.get("seeds", seeds)),
+                                   steps, list(tables), then))
+    then = raw.get("then") or {}
+    check(isinstance(then, dict), "then", then, "must be {seeds: [...], when: learned_not_below_baseline}")
+    bad = sorted(k for k in then if k not in THEN_KEYS)
+    check(not bad, f"then.{bad[0] if bad else ''}", None, f"allowed keys are {', '.join(THEN_KEYS)}")
+    then_seeds = _seeds("then.seeds", then["seeds"]) if then.get("seeds") is not None else []
+    when = then.get("when", WHEN[0])
+    check_choice("then.when", when, WHEN)
+    tables = raw.get("tables") or []
+    check(isinstance(tables, list) and all(isinstance(t, str) for t in tables), "tables", tables,
+          "must be a list of committed report folders (DIR or DIR:REGIME)")
+    out = raw.get("out")
+    return Comparison(name=str(name), path=path, regimes=regimes, base=list(base), then_seeds=then_seeds,
+                      then_when=when, tables=list(tables), out=(PROJECT_ROOT / out) if out else None,
+                      storage=raw.get("storage"), experiment_name=raw.get("experiment_name"),
+                      tracking_uri=raw.get("tracking_uri"), description=str(raw.get("description") or ""))
+
+
+def cells(comp: Comparison, seeds_of=None) -> list[Cell]:
+    """The comparison's cells, regime by regime, arm by arm, seed by seed (`seeds_of(regime)`: other seeds)."""
+    return [Cell(r.name, a, s, r.steps) for r in comp.regimes for a in r.arms
+            for s in (seeds_of(r) if seeds_of else r.seeds)]
+
+
+# ------------------------------------------------------------------------------------------------ finished cells
+def identity(cfg) -> dict[str, str]:
+    """What a composed fit config trains (`IDENTITY`), as strings (MLflow keeps params as strings)."""
+    from phasefix import config as C
+    from phasefix.tracking import flatten
+
+    flat = flatten(C.to_container(cfg)) if not isinstance(cfg, dict) else cfg
+    return {k: str(v) for k, v in flat.items() if any(k == p or k.startswith(p) for p in IDENTITY)}
+
+
+def committed_runs(folder: str | Path) -> list[dict]:
+    """The fit runs a committed report folder holds: run_id, run_name, regime, arm (today's name), seed, and its
+    scores by padding ({padding: {acc_mean, acc_worst, acc_gap}}). Regime and arm come from the folder's tables (the
+    runs' tags); the seed from the run's command (`seed=N`), else its name (`...-sN`); a re-scored run (an evaluate
+    run) stands for the fit run it scored."""
+    import csv
+
+    from phasefix.tables import folder_members
+
+    folder = Path(folder)
+    if not folder.is_absolute():
+        folder = PROJECT_ROOT / folder
+    with open(folder / "comparison.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    by_id: dict[str, dict] = {}
+    for row in rows:
+        run = by_id.setdefault(row["run_id"], {"run_id": row["run_id"], "run_name": row["run_name"], "scores": {}})
+        run["scores"][row["padding"]] = {k: float(row[k]) for k in METRICS if row.get(k)}
+        words = shlex.split(row.get("command") or "")
+        seed = next((w.split("=", 1)[1] for w in words if w.startswith("seed=")), None)
+        name_seed = re.search(r"-s(\d+)(?:-|$)", row["run_name"])
+        run["seed"] = int(seed) if seed is not None else int(name_seed.group(1)) if name_seed else None
+        tags = dict(w[len("+logger.tags."):].split("=", 1) for w in words if w.startswith("+logger.tags."))
+        run.setdefault("regime", tags.get("regime"))
+        run.setdefault("arm", tags.get("arm"))
+    for m in folder_members(folder):  # the folder's own regime x arm of each run (also for re-scored runs)
+        if m["run_id"] in by_id:
+            by_id[m["run_id"]]["regime"], by_id[m["run_id"]]["arm"] = m["regime"], m["arm"]
+    from phasefix.comparison import arm_name
+
+    return [{**r, "arm": arm_name(r["arm"]) if r.get("arm") else None} for r in by_id.values()
+            if r.get("regime") and r.get("arm") and r.get("seed") is not None]
+
+
+def summary_from_scores(scores: dict, run_id: str) -> dict:
+    """A fit summary's shape (what the study objective reads) from a run's final scores by padding."""
+    return {**{pad: dict(v) for pad, v in scores.items()}, "mlflow_run_id": run_id, "reused": True}
+
+
+def finished_in_store(uri: str | None) -> list[tuple[dict, dict]]:
+    """(identity, summary) of every FINISHED fit run of the store (all experiments)."""
+    from mlflow.entities import ViewType
+
+    from phasefix import tracking
+
+    c = tracking.client(uri)
+    out = []
+    exps = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not exps:
+        return out
+    for run in c.search_runs(exps, "attributes.status = 'FINISHED' and tags.`phasefix.kind` = 'fit'",
+                             max_results=50000):
+        params, metrics = run.data.params, run.data.metrics
+        scores = {}
+        for pad in ("prefix", "in_sequence"):
+            got = {k: metrics[f"final/{pad}/{k}"] for k in METRICS if f"final/{pad}/{k}" in metrics}
+            if got:
+                scores[pad] = got
+        if not scores:
+            continue
+        out.append((identity(params), summary_from_scores(scores, run.info.run_id)))
+    return out
+
+
+@dataclass
+class FitOrReuse:
+    """The study's fit function for a comparison: a cell finished before returns that run's scores, any other cell
+    trains (`phasefix.fit.fit`). Picklable, so that each worker process builds its own index."""
+
+    comparison_path: str
+    tracking_uri: str | None = None
+    fit_fn: object = None  # tests: a stand-in for phasefix.fit.fit
+
+    def __post_init__(self):
+        self._tables = None
+
+    def tables(self) -> dict:
+        if self._tables is None:
+            comp = load_comparison(self.comparison_path)
+            self._tables = {}
+            for r in comp.regimes:
+                for table in r.tables:
+                    for run in committed_runs(table):
+                        if run["regime"] == r.name:
+                            self._tables.setdefault((run["regime"], run["arm"], run["seed"]), run)
+        return self._tables
+
+    def finished(self, cfg) -> dict | None:
+        """The summary of a finished run of the cell `cfg` composes, or None."""
+        run = self.tables().get((cfg.get("regime"), cfg.get("arm"), int(cfg.seed)))
+        if run is not None:
+            return summary_from_scores(run["scores"], run["run_id"])
+        want = identity(cfg)
+        for ident, summary in finished_in_store(self.tracking_uri or cfg.logger.tracking_uri):
+            if ident == want:
+                return summary
+        return None
+
+    def __call__(self, cfg, callbacks=()):
+        done = self.finished(cfg)
+        if done is not None:
+            print(f"[comparison] {cfg.regime}/{cfg.arm}/s{cfg.seed}: finished before (run "
+                  f"{done['mlflow_run_id'][:8]}); not trained again", flush=True)
+            return done
+        if self.fit_fn is not None:
+            return self.fit_fn(cfg, callbacks=callbacks)
+        from phasefix.fit import fit
+
+        return fit(cfg, callbacks=callbacks)
+
+
+__all__ = ["Cell", "Comparison", "FitOrReuse", "IDENTITY", "cells", "committed_runs", "finished_in_store",
+           "identity", "is_comparison", "load_comparison"]

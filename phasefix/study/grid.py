@@ -1,0 +1,129 @@
+"""Running a comparison file (`phasefix.study.cells`): its cells as a study of one categorical param sampled by
+Optuna's GridSampler (one trial per cell, through the study runner), the `then` stage, and its tables."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from phasefix.errors import check
+from phasefix.paths import OUTPUTS_DIR
+from phasefix.study.cells import Cell, Comparison, FitOrReuse, cells, load_comparison
+
+
+def grid_spec(comp: Comparison, grid: list[Cell], stage: str = ""):
+    """The cells as a study: one categorical param `cell` (name -> its overrides) sampled by Optuna's GridSampler,
+    one trial per cell, the default objectives (prefix acc_mean and acc_worst)."""
+    from phasefix.study.spec import Objective, Param, StudySpec
+
+    param = Param(name="cell", type="categorical", choices=[c.name for c in grid],
+                  choice_overrides={c.name: c.overrides() for c in grid})
+    base = list(comp.base) + [f"+logger.tags.comparison={comp.name}"]
+    if comp.tracking_uri:
+        base.append(f"logger.tracking_uri={comp.tracking_uri}")
+    return StudySpec(name=comp.name + stage, path=comp.path, base=base, params=[param],
+                     objectives=[Objective("final/prefix/acc_mean"), Objective("final/prefix/acc_worst")],
+                     sampler={"type": "grid", "seed": 0}, n_trials=len(grid), storage=comp.storage_url(),
+                     duplicates="rerun", output_dir=OUTPUTS_DIR / "comparisons" / comp.name,
+                     reports_dir=comp.path.parent / "reports" / comp.name, experiment_name=comp.experiment_name)
+
+
+def run_grid(comp: Comparison, grid: list[Cell], stage: str, workers: int, fit_fn) -> tuple[int, dict]:
+    """Run the cells' study to its end; (exit code, {cell name: its trial's metrics})."""
+    from phasefix.study import runs
+    from phasefix.study.runner import open_or_import, requeue_interrupted, run_worker, spawn_workers
+    from phasefix.study.report import counts
+
+    spec = grid_spec(comp, grid, stage)
+    url = spec.storage_url()
+    study = open_or_import(spec, url, None)
+    runs.ensure_parent_run(spec, study, url)
+    requeue_interrupted(spec, study)
+    n = counts(study)
+    print(f"[comparison] {spec.name}: {len(grid)} cells, {n['COMPLETE']} finished in {runs.redact(url)}; "
+          f"{workers} worker(s)", flush=True)
+    rc = run_worker(spec, url, len(grid), fit_fn=fit_fn) if workers == 1 else \
+        spawn_workers(spec, url, len(grid), workers, fit_fn=fit_fn)
+    done = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name == "COMPLETE":
+            done[t.params["cell"]] = t.user_attrs.get("metrics") or {}
+    runs.finish_parent(study, len(done) == len(grid) and rc == 0)
+    return rc, done
+
+
+def qualifies(comp: Comparison, first: dict, cell_regime: str, arm: str) -> tuple[bool, str]:
+    """Whether an arm goes on to the `then` seeds: every first seed learned (prefix mean >= LEARNED_FACTOR x
+    chance) and its mean prefix mean is not below the unmitigated arm's; (yes or no, why)."""
+    from phasefix.comparison import BASELINE_ARM, LEARNED_FACTOR
+    from phasefix.fit import compose
+
+    r = next(x for x in comp.regimes if x.name == cell_regime)
+    chance = 1.0 / compose([f"regime={cell_regime}"]).data.num_values
+    def means(a):
+        return [first.get(Cell(r.name, a, s, r.steps).name, {}).get("final/prefix/acc_mean", math.nan)
+                for s in r.seeds]
+    mine, base = means(arm), means(BASELINE_ARM)
+    if arm == BASELINE_ARM:
+        return True, "the unmitigated reference"
+    if not all(m >= LEARNED_FACTOR * chance for m in mine):
+        return False, "did not learn on its first seed(s)"
+    if base and not any(math.isnan(b) for b in base) and sum(mine) / len(mine) < sum(base) / len(base):
+        return False, "mean below the unmitigated mean"
+    return True, "learned, mean not below the unmitigated mean"
+
+
+def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: str | None = None,
+                   tracking_uri: str | None = None, out: str | Path | None = None) -> dict:
+    """Run every missing cell of a comparison file (then its `then` seeds, where they apply) and write its tables.
+    `storage`, `tracking_uri`, `out` replace the file's. Returns {'rc', 'cells', 'stopped': {(regime, arm): why},
+    'files'}."""
+    comp = load_comparison(path)
+    comp.storage = storage or comp.storage
+    comp.tracking_uri = tracking_uri or comp.tracking_uri
+    comp.out = Path(out) if out is not None else comp.out
+    check(workers >= 1, "workers", workers, "must be >= 1")
+    from phasefix.fit import compose, plan_model
+
+    grid = cells(comp)
+    for c in grid:  # every cell composes (and its mitigations fit its model) before anything trains
+        plan_model(compose(c.overrides() + comp.base))
+    reuse = FitOrReuse(str(comp.path), comp.tracking_uri, fit_fn)
+    rc, first = run_grid(comp, grid, "", workers, reuse)
+    stopped, later = {}, []
+    if rc == 0 and (comp.then_seeds or any(r.then for r in comp.regimes)):
+        for r in comp.regimes:
+            for a in r.arms:
+                ok, why = qualifies(comp, first, r.name, a)
+                if ok:
+                    later += [Cell(r.name, a, s, r.steps) for s in (r.then or comp.then_seeds)]
+                else:
+                    stopped[(r.name, a)] = why
+                    print(f"[comparison] {r.name}/{a}: stops at seeds {r.seeds} ({why})", flush=True)
+        if later:
+            rc, _ = run_grid(comp, later, "-then", workers, reuse)
+    files = write_tables(comp, stopped) if rc == 0 else []
+    return {"rc": rc, "cells": len(grid) + len(later), "stopped": stopped, "files": files}
+
+
+def write_tables(comp: Comparison, stopped: dict) -> list[str]:
+    """The comparison's tables: from the committed folders (`tables:`, as `report tables=`) when it names them,
+    else from its runs in MLflow (tag comparison=<name>)."""
+    from phasefix.report import report
+
+    if comp.out is None:
+        return []
+    if comp.tables:
+        res = report([f"tables={','.join(comp.tables)}", f"out={comp.out}", "log=false"])
+    else:
+        args = [f"tag.comparison={comp.name}", f"out={comp.out}", "log=false"]
+        if comp.tracking_uri:
+            args.append(f"tracking_uri={comp.tracking_uri}")
+        res = report(args)
+    if stopped:
+        lines = [f"| {r} | {a} | {why} |" for (r, a), why in sorted(stopped.items())]
+        (comp.out / "stopped.md").write_text("| regime | arm | stopped after its first seeds |\n|---|---|---|\n"
+                                             + "\n".join(lines) + "\n")
+    return list(res.get("files", [])) if isinstance(res, dict) else []
+
+
+__all__ = ["grid_spec", "qualifies", "run_comparison", "run_grid", "write_tables"]

@@ -1,0 +1,59 @@
+"""What several test files share: the seconds-long fit overrides, the one-thread pin, the cache-dir swap and the
+tiny byte-level tokenizer (the fixtures `one_thread` and `cache_dir` are in conftest.py)."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+# Seconds-long fits: conf/trainer/fast.yaml (24 steps of 16 sequences, small sets).
+FAST = ["trainer=fast"]
+# The smallest fit that leaves a checkpoint, config.yaml and an MLflow run (W4/S4, 2 layers, 2 KV heads, a narrow
+# model): what the analysis and audit tests read back.
+TINY_FIT = ["trainer=fast", "trainer.max_steps=4", "trainer.val_every_n_steps=4", "trainer.checkpoint_every_n_steps=4",
+            "trainer.num_threads=1", "data.num_train=64", "eval.paddings=[prefix]", "eval.per_residue=1",
+            "eval.n_boot=10", "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "model.hidden_size=64",
+            "model.intermediate_size=128", "model.head_dim=16"]
+
+
+@contextmanager
+def threads(n: int = 1):
+    """torch's intra-op threads set to n, restored after: tiny ops are as fast on one thread and do not stall when
+    the machine's cores are busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def cache_dir(path: Path):
+    """PHASEFIX_CACHE pointed at `path` (datasets built by a test stay in its temporary directory), restored after."""
+    old = os.environ.get("PHASEFIX_CACHE")
+    os.environ["PHASEFIX_CACHE"] = str(path)
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("PHASEFIX_CACHE", None)
+        else:
+            os.environ["PHASEFIX_CACHE"] = old
+
+
+def tiny_tokenizer(corpus: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on `corpus` (the prompt templates' words), as a transformers fast tokenizer
+    with <|endoftext|> as end and padding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
