@@ -1,6 +1,7 @@
 """`python -m phasefix.fit [key=value ...] [+mitigation=NAME]`: train, evaluate by phase, log to MLflow.
 
-`fit(cfg) -> summary` is the one entry point shared by the CLI, the studies and the tests.
+`fit(cfg) -> summary` is the one entry point shared by the CLI, the studies and the tests. torch, Lightning, MLflow
+and datasets are imported inside the functions that use them: the command line checks a config before they load.
 """
 from __future__ import annotations
 
@@ -9,13 +10,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from phasefix import config as C
-from phasefix import tracking
 from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
-from phasefix.data.select import data_config, eval_set, eval_task_kwargs, train_set, train_stages
 from phasefix.errors import ConfigError, check
 
 
@@ -34,6 +32,8 @@ def plan_model(cfg: DictConfig):
 
 def plan(cfg: DictConfig) -> dict:
     """Validate everything and build the objects of a run, before any training or MLflow run starts."""
+    from phasefix.data.select import data_config, eval_task_kwargs
+
     model_cfg, mitigations = plan_model(cfg)
     C.validate_trainer(cfg.trainer)
     C.validate_optim(cfg.optim)
@@ -53,18 +53,19 @@ def plan(cfg: DictConfig) -> dict:
     return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
 
 
-@torch.no_grad()
 def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> float:
     """Mean next-token loss on held-out text positions (labels >= first_text_token)."""
+    import torch
     from torch.utils.data import DataLoader
 
     total, count = 0.0, 0
-    for batch in DataLoader(dataset, batch_size=batch_size):
-        logits = model(batch["input_ids"].long())
-        labels = batch["labels"].long()
-        mask = labels >= first_text_token
-        total += torch.nn.functional.cross_entropy(logits[mask].float(), labels[mask], reduction="sum").item()
-        count += int(mask.sum())
+    with torch.no_grad():
+        for batch in DataLoader(dataset, batch_size=batch_size):
+            logits = model(batch["input_ids"].long())
+            labels = batch["labels"].long()
+            mask = labels >= first_text_token
+            total += torch.nn.functional.cross_entropy(logits[mask].float(), labels[mask], reduction="sum").item()
+            count += int(mask.sum())
     return total / max(count, 1)
 
 
@@ -96,6 +97,7 @@ def resume_config(cfg: DictConfig):
     from the stored value and is not in RESUMABLE (with `fork`, nor in FORKABLE) raises ConfigError naming it.
     `trainer.max_steps` below the checkpoint's step is refused; above it, the run trains the extra steps. A fork
     lives in a new output directory (`output_dir` or the default), never the named run's."""
+    from phasefix import tracking
     from phasefix.run import Run
 
     run = Run.open(str(cfg.resume), cfg.logger.get("tracking_uri"), key="resume")
@@ -144,10 +146,12 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     before the checkpoint's step copied, train time counted from the checkpoint's), writing nothing to the named
     run. Ctrl-C saves `last.ckpt` at the interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
     import lightning as L
+    import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from phasefix import console
+    from phasefix import console, tracking
+    from phasefix.data.select import eval_set, train_set, train_stages
     from phasefix.data.lm_mix import LMMixConfig
     from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
                                   TrainClock)
@@ -301,7 +305,7 @@ def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir)
 
 
 def _plain(v):
-    if isinstance(v, torch.Tensor):
+    if hasattr(v, "tolist"):  # a tensor or numpy value
         v = v.tolist()
     if isinstance(v, float):
         return None if v != v else round(v, 4)  # NaN (an empty residue group) -> null in JSON
@@ -311,6 +315,8 @@ def _plain(v):
 
 
 def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, step: int = 0) -> None:
+    from phasefix import tracking
+
     tracking.rewind(c, run_id, final=True)  # a resumed run's earlier final results: replaced, not duplicated
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
@@ -333,6 +339,8 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
 
 
 def print_summary(summary: dict) -> None:
+    from phasefix import tracking
+
     shape = ("full" if summary["attention"] == "full"
              else f"{summary['attention']}, W{summary['window']}/S{summary['stride']}")
     print(f"\nphasefix fit: {summary['model']} ({shape}), "
@@ -355,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_summary(fit(cfg))  # fit validates everything (plan) before it writes anything
         return 0
 
-    return cli.run("fit", argv, work)
+    return cli.run("fit", argv, work, check=C.validate_fit)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from phasefix.config import flatten  # noqa: F401  (tracking.flatten: the dotted keys params are logged under)
 from phasefix.errors import ConfigError, check
 from phasefix.paths import PROJECT_ROOT, default_tracking_uri
 
@@ -172,17 +173,6 @@ def command_override(overrides) -> str:
     reproduces it, `python -m phasefix.fit <overrides>`, as the CLI's runs are tagged (a table row names it)."""
     cmd = shell_command("fit", overrides)
     return '+logger.tags.command="' + cmd.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def flatten(d: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def log_params(c: MlflowClient, run_id: str, cfg: Mapping) -> None:

@@ -297,6 +297,26 @@ def test_misspelt_key_gets_a_suggestion(tmp_path, capsys):
     assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("word, message", [
+    ("trainer.max_step=10", "error: unknown key trainer.max_step; did you mean trainer.max_steps?"),
+    ("trainer.max_steps=0", "error: trainer.max_steps=0 is invalid: must be >= 1"),
+    ("model.window=0", "error: model.window=0 is invalid: must be an integer >= model.stride (4)"),
+])
+def test_a_bad_config_is_refused_before_torch_lightning_or_mlflow_is_imported(tmp_path, word, message):
+    """The order, not the clock: `python -X importtime` lists every module the process imported; the heavy libraries
+    (seconds to import on a 2-core machine) must not be among them when the config is refused."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "phasefix.fit", word, *run_overrides(tmp_path)],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and errors == [message], proc.stderr[-2000:]
+    assert "phasefix.config" in imported  # the listing is real: the config module was imported
+    assert not imported & {"torch", "lightning", "mlflow", "datasets", "transformers"}, sorted(
+        imported & {"torch", "lightning", "mlflow", "datasets", "transformers"})
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
+
+
 def test_help_is_the_hydra_template_with_groups_keys_and_examples(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
