@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from phasefix.data.layout import PADDINGS
-from phasefix.errors import ConfigError, check, check_choice
+from phasefix.errors import ConfigError, check, check_all, check_choice
 from phasefix.metrics import detect_period, fft_period
 from phasefix.predict import evaluate_phase, logits_at, progress_bar
 
@@ -77,9 +77,7 @@ def options(args: Sequence[str] | Mapping | DictConfig) -> dict:
     from phasefix.cli import options as app_options
 
     opts = OmegaConf.to_container(app_options(args, "evaluate"), resolve=True)
-    check(opts["model"] not in (None, ""), "model", opts["model"],
-          "is required: a Hugging Face model directory, or a phasefix run id, output directory or .ckpt")
-    check_choice("task", opts["task"], TASKS)
+    check_all(lambda: check_model(opts["model"]), lambda: check_choice("task", opts["task"], TASKS))
     pads = list(PADDINGS) if opts["padding"] in (["both"], ["all"]) else opts["padding"]
     for p in pads:
         check_choice("padding", p, PADDINGS)
@@ -91,6 +89,24 @@ def options(args: Sequence[str] | Mapping | DictConfig) -> dict:
     check_choice("dtype", opts["dtype"], ("float32", "bfloat16", "float16"))
     check_choice("which", opts["which"], ("last", "best"))
     return opts
+
+
+MODEL_SPEC = "a Hugging Face model directory, or a phasefix run id, output directory or .ckpt"
+
+
+def check_model(spec) -> None:
+    """What can be checked of `model=` without loading anything: given, and a path that exists and is a Hugging Face
+    model directory (config.json) or a phasefix run (output directory, .ckpt); anything else may be an MLflow run id."""
+    from phasefix.run import RUN_FILE, check_spec
+
+    check(spec not in (None, ""), "model", spec, f"is required: {MODEL_SPEC}")
+    path = Path(str(spec)).expanduser()
+    if path.is_dir() and not (path / "config.json").exists() and not (path / RUN_FILE).exists() \
+            and not (path / "checkpoints").is_dir():
+        raise ConfigError(f"model={spec!r} is invalid: the directory is neither a Hugging Face model (no config.json) "
+                          "nor a phasefix run output directory (no run.json, no checkpoints/)")
+    if not (path / "config.json").exists():
+        check_spec(str(spec), "model", MODEL_SPEC)
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -133,9 +149,6 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
     from phasefix.data import data_config
     from phasefix.run import Run
 
-    looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
-    check(Path(spec).expanduser().exists() or not looks_like_path, "model", spec,
-          "does not exist (a Hugging Face model directory, or a phasefix run id, output directory or .ckpt file)")
     run = Run.open(spec, tracking_uri, key="model")
     ckpt = run.checkpoint(which, key="model")
     module, hp = run.load_module(which, key="model")
