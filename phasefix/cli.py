@@ -27,7 +27,8 @@ from phasefix import config as C
 from phasefix.errors import ConfigError
 from phasefix.paths import CONF_DIR
 
-SCHEMAS = {"evaluate": C.EvaluateConfig, "analyze": C.AnalyzeConfig}  # the tool apps and their typed schemas
+SCHEMAS = {"evaluate": C.EvaluateConfig, "analyze": C.AnalyzeConfig,  # the tool apps and their typed schemas
+           "ui": C.UiConfig}
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "fit", hydra_config: bool = False) -> DictConfig:

@@ -248,6 +248,18 @@ class AnalyzeConfig:
     verbose: bool = option(False, "the libraries' own output too (-v)", tools="run,audit")
 
 
+@dataclass
+class UiConfig:
+    """`python -m phasefix.ui` (conf/ui.yaml): the MLflow UI on the project's store, opened on the phase curves."""
+
+    tracking_uri: str | None = option(None, "MLflow store (MLFLOW_TRACKING_URI, else the project's mlruns/mlflow.db)")
+    experiment: str = option("phasefix", "MLflow experiment")
+    host: str = option("127.0.0.1", "address the server binds (the default: this machine only)")
+    port: int = option(5000, "port the server listens on")
+    workers: int = option(1, "server worker processes (MLflow's default 4 is slow to start on 2 cores)")
+    verbose: bool = option(False, "the server's own log too (-v)")
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
@@ -258,6 +270,7 @@ def register_configs() -> None:
         cs.store(group="mitigation", name=f"{name}_schema", node=options, package=f"mitigation.{name}")
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="analyze_schema", node=AnalyzeConfig)
+    cs.store(name="ui_schema", node=UiConfig)
 
 
 register_configs()
@@ -326,4 +339,4 @@ def to_container(cfg: DictConfig) -> dict:
 
 __all__ = ["ANALYZE_TOOLS", "AnalyzeConfig", "ConfigError", "EvalConfig", "EvaluateConfig", "FitConfig",
            "LoggerConfig", "MITIGATION_OPTIONS", "OptimConfig", "TrainerConfig", "flatten", "model_config", "option",
-           "to_container", "validate_eval", "validate_fit", "validate_optim", "validate_trainer"]
+           "UiConfig", "to_container", "validate_eval", "validate_fit", "validate_optim", "validate_trainer"]

@@ -158,7 +158,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from phasefix.run import Run, checkpoint_path
 
     console.quiet(bool(cfg.get("verbose")))
-    run, source, start_step, before_seconds = None, None, 0, 0.0
+    run, source, start_step, before_seconds, previous = None, None, 0, 0.0, None
     resuming, forking = bool(cfg.get("resume")), bool(cfg.get("fork"))
     check(resuming or not forking, "fork", "true", "needs resume=<the run to fork from>")
     if resuming:
@@ -166,12 +166,19 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         previous = run.summary
         if before_seconds is None:  # a checkpoint written before train time was recorded in checkpoints
             before_seconds = (previous or {}).get("train_seconds", 0.0)
+        what = f"{run.dir.name} (MLflow run {run.run_id}) from step {start_step}"
         if forking:  # from here on the new run is `run`; the named one is only read
             source, run, previous = run, None, None
         if previous is not None and previous.get("steps", start_step) == start_step >= cfg.trainer.max_steps:
             print(f"phasefix fit: {run.dir} is trained to step {start_step} = trainer.max_steps and evaluated; "
                   "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
             return previous
+        print(f"phasefix fit: {'forking' if forking else 'resuming'} {what}"
+              f"{' as a new run' if forking else ''} to step {cfg.trainer.max_steps}", flush=True)
+    # the wall time of the pieces before this one: a finished piece's total, else the train time its checkpoint holds
+    before_total = before_seconds
+    if previous is not None and previous.get("steps") == start_step:
+        before_total = previous.get("total_seconds", before_seconds)
     p = plan(cfg)  # raises ConfigError before anything is written
     out_dir = Run.new_dir(cfg.output_dir, run_name(cfg)) if run is None else run.dir  # checked, not created yet
     model_cfg, data_cfg = p["model"], p["data"]
@@ -265,8 +272,11 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                 results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
                                               n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
                                               progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
-            summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
+            summary = summarize(run_id, model_cfg, results, train_seconds, before_total + time.time() - t_start,
+                                out_dir)
             summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
+            summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
+                           figure=tracking.artifact_path(c, run_id, "phase_curves.png"))
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
@@ -304,6 +314,17 @@ def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir)
     return summary
 
 
+def learned_lookup(summary: dict, cfg: DictConfig) -> dict:
+    """{"chance", "learned"}: the project's rule (phasefix.comparison.learned: prefix mean >= 5 x chance) on this run;
+    learned None when the prefix padding was not evaluated. A run that did not learn has no period to read."""
+    from phasefix.comparison import chance, learned
+
+    params = {"data.num_values": cfg.data.num_values}
+    prefix = summary.get("prefix")
+    return {"chance": round(chance(params), 4),
+            "learned": None if prefix is None else bool(learned(prefix["acc_mean"], params))}
+
+
 def _plain(v):
     if hasattr(v, "tolist"):  # a tensor or numpy value
         v = v.tolist()
@@ -318,6 +339,8 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
     from phasefix import tracking
 
     tracking.rewind(c, run_id, final=True)  # a resumed run's earlier final results: replaced, not duplicated
+    if summary.get("learned") is not None:  # the runs table can filter on it: tags.learned = 'false'
+        tracking.set_tags(c, run_id, {"learned": str(summary["learned"]).lower()})
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
     if "lm_loss" in summary:  # logged after the rewind above, which would delete it
@@ -332,9 +355,11 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
 
         probe = next(iter(val_sets.values()))[:64]["input_ids"]
         static = module.static_gates(probe)
-        tracking.log_metric_values(c, run_id, {
-            f"gates/L{layer}/{branch}/h{h}/eff_slots": e for layer, branches in enumerate(static)
-            for branch, prob in branches.items() for h, e in enumerate(effective_slots(prob).tolist())}, step=step)
+        # one value per layer, branch and head: a table beside the heatmap, not a dozen one-point chart groups
+        rows = ["layer,branch,kv_head,eff_slots"] + [
+            f"{layer},{branch},{h},{e:.4f}" for layer, branches in enumerate(static)
+            for branch, prob in branches.items() for h, e in enumerate(effective_slots(prob).tolist())]
+        c.log_text(run_id, "\n".join(rows) + "\n", "gate_eff_slots.csv")
         tracking.log_figure(c, run_id, plots.gate_heatmap(static), "gate_heatmap.png")
 
 
@@ -346,12 +371,28 @@ def print_summary(summary: dict) -> None:
     print(f"\nphasefix fit: {summary['model']} ({shape}), "
           f"trained in {summary['train_seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
     print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")
+    unlearned = summary.get("learned") is False
     for pad in ("prefix", "in_sequence"):
         if pad in summary:
             s = summary[pad]
+            period = "-" if unlearned else str(s.get("period_detected"))  # noise has no period
             print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
-                  f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {tracking.sparkline(s['per_residue'])}")
+                  f"{s['acc_gap']:>6.3f} {period:>6}  {tracking.sparkline(s['per_residue'])}")
+    if unlearned:
+        print(f"NOT LEARNED: prefix mean {summary['prefix']['acc_mean']:.3f} < 5 x chance "
+              f"({5 * summary['chance']:.3f}); the curve is noise, not a period: train longer (trainer.max_steps)")
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
+    if summary.get("figure"):
+        print(f"figure:  {summary['figure']}")
+    if summary.get("tracking_uri"):
+        print(f"look at it in MLflow: {ui_command(summary['tracking_uri'])}  (the phase curves of every run)")
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The command that opens the MLflow UI on the phase curves of the runs in this store (`python -m phasefix.ui`)."""
+    from phasefix.paths import default_tracking_uri
+
+    return "python -m phasefix.ui" + ("" if tracking_uri == default_tracking_uri() else f" tracking_uri={tracking_uri}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from phasefix.errors import ConfigError
-from phasefix.fit import compose, fit, main
+from phasefix.fit import compose, fit, main, print_summary
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
 
 # Seconds-long runs: a few steps of 16 sequences on a small training set, small evaluation sets.
@@ -98,7 +98,7 @@ def test_mitigations_compose_together():
     assert set(cfg.mitigation) == {"gate_diversity", "head_coord"}
 
 
-def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
+def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path, capsys):
     summary = fit(compose(FAST + run_overrides(tmp_path)))
     out = tmp_path / "run"
     on_disk = json.loads((out / "summary.json").read_text())
@@ -125,7 +125,40 @@ def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
     assert c.get_metric_history(run.info.run_id, "train/loss")
     assert c.get_metric_history(run.info.run_id, "val/prefix/acc_mean")
     artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
-    assert {"phase_curves.png", "phase_table.csv", "config.yaml", "summary.json", "gate_heatmap.png"} <= artifacts
+    assert {"phase_curves.png", "phase_table.csv", "config.yaml", "summary.json", "gate_heatmap.png",
+            "gate_eff_slots.csv"} <= artifacts
+    assert not [k for k in run.data.metrics if k.startswith("gates/")]  # a table, not one chart group per head
+
+    # 24 steps do not learn the lookup: the project's rule (prefix mean >= 5 x chance, chance = 1 / num_values)
+    # computed here by hand; the closing block says so instead of reading a period into the noise
+    chance = 1 / compose(FAST).data.num_values
+    assert summary["prefix"]["acc_mean"] < 5 * chance and summary["learned"] is False
+    assert run.data.tags["learned"] == "false"
+    capsys.readouterr()
+    print_summary(summary)
+    out_lines = capsys.readouterr().out.splitlines()
+    rows = {ln.split()[0]: ln.split() for ln in out_lines if ln.startswith(("prefix ", "in_sequence "))}
+    assert rows["prefix"][5] == "-" and rows["in_sequence"][5] == "-"  # no period column for noise
+    assert any(ln.startswith("NOT LEARNED: prefix mean") for ln in out_lines)
+    # how to look at it: the launcher for this store, and the figure on disk
+    assert (f"look at it in MLflow: python -m phasefix.ui tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}  (the phase "
+            "curves of every run)") in out_lines
+    figure = Path(summary["figure"])
+    assert f"figure:  {figure}" in out_lines and figure.name == "phase_curves.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from phasefix import ui
+
+    from phasefix.cli import options
+
+    uri, experiment_id = ui.target(options([f"tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"], "ui"))
+    assert experiment_id == run.info.experiment_id
+    view = json.loads(c.get_experiment(experiment_id).tags["mlflow.sharedViewState.phase-curves"])
+    cards = json.loads(view["state"])["compareRunCharts"]
+    assert [card["metricKey"] for card in cards[:2]] == ["phase_acc/prefix", "phase_acc/in_sequence"]
+    assert cards[0]["range"] == {"yMin": 0, "yMax": 1}
+    assert ui.url("127.0.0.1", 5000, experiment_id) == (
+        f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?viewStateShareKey=phase-curves"
+        "&compareRunsMode=CHART&workflowType=machine_learning")
     assert main(FAST + run_overrides(tmp_path)) == 2  # a new run in this run's directory: refused, nothing written
     assert len(c.search_runs([run.info.experiment_id])) == 1
 
@@ -361,10 +394,15 @@ def test_resume_with_raised_max_steps_trains_the_extra_steps_and_logs_one_curve(
     assert (out / "config.yaml").read_text() == config_before
     assert c.get_run(first["mlflow_run_id"]).info.status == "FINISHED"
 
+    capsys.readouterr()
     second = fit(compose([f"resume={out}", "trainer.max_steps=24"]))
+    assert f"phasefix fit: resuming run (MLflow run {first['mlflow_run_id']}) from step 16 to step 24" in \
+        capsys.readouterr().out.splitlines()
     assert second["mlflow_run_id"] == first["mlflow_run_id"]
     assert Run.open(str(out)).progress()[0] == 24
     assert second["train_seconds"] > first["train_seconds"]
+    # wall time adds up over the pieces as train time does, and holds it
+    assert second["total_seconds"] > first["total_seconds"] and second["total_seconds"] >= second["train_seconds"]
     steps = metric_steps(c, first["mlflow_run_id"])
     for key, logged in steps.items():
         assert len(logged) == len(set(logged)), f"{key} logged twice at one step: {logged}"
