@@ -8,6 +8,7 @@ tag), and `viewStateShareKey` opens the saved view phasefix writes into every ex
 """
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def serve(cfg: DictConfig) -> int:
     address = url(cfg.host, cfg.port, experiment_id)
     print(f"phasefix ui: starting the MLflow UI on {uri} ...", flush=True)
     server = subprocess.Popen(cmd, stdout=log, stderr=log)
+    # SIGTERM (kill, a closed terminal) ends the launcher through `finally`, which stops the server it started
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         while not answers(cfg.host, cfg.port):
             if server.poll() is not None:
