@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 
 from phasefix.errors import check
-from phasefix.tracking import resolve_run_id
 from phasefix.paths import OUTPUTS_DIR
 
 RUN_FILE = "run.json"
@@ -78,7 +77,7 @@ class Run:
         from phasefix import tracking
 
         c = tracking.client(tracking_uri)
-        run_id = resolve_run_id(c, spec, key)
+        run_id = tracking.resolve_run_id(c, spec, key)
         run = c.get_run(run_id)
         out = run.data.tags.get("output_dir")
         check(run.data.tags.get("phasefix.kind", "fit") == "fit" and out is not None, key, spec,
@@ -174,4 +173,4 @@ class Run:
         return int(ckpt["global_step"]), seconds
 
 
-__all__ = ["RUN_FILE", "Run", "check_spec", "outputs_dir", "resolve_run_id"]
+__all__ = ["RUN_FILE", "Run", "check_spec", "outputs_dir"]

@@ -581,7 +581,8 @@ def test_an_interrupt_anywhere_in_a_step_resumes_to_the_uninterrupted_run(tmp_pa
 
 
 def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
-    from phasefix.run import Run, resolve_run_id
+    from phasefix.run import Run
+    from phasefix.tracking import resolve_run_id
 
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = c.create_experiment("phasefix")
