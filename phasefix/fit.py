@@ -151,8 +151,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from phasefix import console, tracking
-    from phasefix.data.select import eval_set, train_set, train_stages
     from phasefix.data.lm_mix import LMMixConfig
+    from phasefix.data.select import eval_set, train_set, train_stages
     from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
                                   TrainClock)
     from phasefix.run import Run, checkpoint_path
@@ -379,8 +379,11 @@ def print_summary(summary: dict) -> None:
             print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
                   f"{s['acc_gap']:>6.3f} {period:>6}  {tracking.sparkline(s['per_residue'])}")
     if unlearned:
-        print(f"NOT LEARNED: prefix mean {summary['prefix']['acc_mean']:.3f} < 5 x chance "
-              f"({5 * summary['chance']:.3f}); the curve is noise, not a period: train longer (trainer.max_steps)")
+        from phasefix.comparison import LEARNED_FACTOR
+
+        print(f"NOT LEARNED: prefix mean {summary['prefix']['acc_mean']:.3f} < {LEARNED_FACTOR:g} x chance "
+              f"({LEARNED_FACTOR * summary['chance']:.3f}); the curve is noise, not a period: train longer "
+              "(trainer.max_steps)")
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
     if summary.get("figure"):
         print(f"figure:  {summary['figure']}")
