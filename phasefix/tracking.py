@@ -69,7 +69,7 @@ def phase_curves_view(paddings: Sequence[str] = ("prefix", "in_sequence")) -> st
 
     sections = [("phasefix-phase", "phase curves (x = residue)", len(paddings)),
                 ("phasefix-val", "accuracy while training (x = step)", 2 * len(paddings)),
-                ("phasefix-train", "train (x = step)", 2)]
+                ("phasefix-train", "train", 2)]  # the name MLflow gives train/*: the rest of train/ joins it
     charts = [line(f"phase_acc/{p}", f"phase_acc/{p}: accuracy by residue, {p} padding", "phasefix-phase", True)
               for p in paddings]
     charts += [line(phase_metric("val", p, k), phase_metric("val", p, k), "phasefix-val", True)
