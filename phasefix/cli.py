@@ -27,7 +27,8 @@ from phasefix import config as C
 from phasefix.errors import ConfigError
 from phasefix.paths import CONF_DIR
 
-SCHEMAS = {"evaluate": C.EvaluateConfig, "analyze": C.AnalyzeConfig}  # the tool apps and their typed schemas
+SCHEMAS = {"evaluate": C.EvaluateConfig, "analyze": C.AnalyzeConfig,  # the tool apps and their typed schemas
+           "ui": C.UiConfig}
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "fit", hydra_config: bool = False) -> DictConfig:
@@ -123,13 +124,11 @@ def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> 
 def config_keys(config_name: str = "fit") -> list[str]:
     """Every key of the app's config, dotted (fit: both data kinds and every mitigation's options): what a misspelt
     key is matched against."""
-    from phasefix.tracking import flatten
-
     mitigations = sorted(p.stem for p in (CONF_DIR / "mitigation").glob("*.yaml"))
     variants = ([], ["data=lm_mix", f"+mitigation=[{','.join(mitigations)}]"]) if config_name == "fit" else ([],)
     keys = set()
     for overrides in variants:
-        keys |= set(flatten(OmegaConf.to_container(compose(overrides, config_name), resolve=False)))
+        keys |= set(C.flatten(OmegaConf.to_container(compose(overrides, config_name), resolve=False)))
     return sorted(keys)
 
 
@@ -240,14 +239,20 @@ def help_text(config_name: str) -> str:
     return template
 
 
+def verbose_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """(argv without -v/--verbose, whether it was given): `-v` is the short form of `verbose=true`."""
+    rest = [a for a in argv if a not in ("-v", "--verbose")]
+    return rest, len(rest) != len(argv)
+
+
 def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig], int],
-        shim: Callable[[list[str]], list[str]] | None = None) -> int:
+        shim: Callable[[list[str]], list[str]] | None = None,
+        check: Callable[[DictConfig], object] | None = None) -> int:
     """The CLI of app `config_name`: `-h`/`--help`, `-v`, `--cfg`, `-m`/`--multirun` (one `work` per combination of
     the sweep overrides, run one after another in this process), then `work(cfg)`'s exit code; ConfigError: one
     line on stderr, exit code 2; Ctrl-C (KeyboardInterrupt, its message saying how to resume): exit code 130.
-    `shim` rewrites the app's own argument forms into overrides first."""
-    from phasefix.console import verbose_flag
-
+    `shim` rewrites the app's own argument forms into overrides first; `check` validates every composed config
+    before any work (the app's checks that need no torch: the app imports its heavy libraries in `work`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(config_name))
@@ -264,6 +269,8 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
             print("\n---\n".join(layering_note(cfg) + OmegaConf.to_yaml(cfg) if config_name == "fit"
                                   else OmegaConf.to_yaml(cfg) for cfg in cfgs))
             return 0
+        for cfg in cfgs if check else ():
+            check(cfg)
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
             if multirun:
                 print(f"[multirun] job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
@@ -279,5 +286,5 @@ def run(config_name: str, argv: Sequence[str] | None, work: Callable[[DictConfig
         return 130
 
 
-__all__ = ["LAYERED", "SCHEMAS", "compose", "config_keys", "help_text", "layering_note", "one_line_error", "option_lines", "options",
-           "overrides", "quoted", "run", "sweep", "unknown_key"]
+__all__ = ["LAYERED", "SCHEMAS", "compose", "config_keys", "help_text", "layering_note", "one_line_error",
+           "option_lines", "options", "overrides", "quoted", "run", "sweep", "unknown_key", "verbose_flag"]

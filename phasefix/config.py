@@ -5,6 +5,7 @@ naming the key and what is allowed.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,60 @@ class RetrievalData(RetrievalConfig):
 class LMMixData(LMMixConfig):
     """The `data` group's schema for the LM mix (conf/data/lm_mix.yaml)."""
     kind: str = "lm_mix"
+
+
+# ------------------------------------------------------------------------------------------------ mitigations
+# Each mitigation's options: its class's `Options` (phasefix/mitigations/) and the schema of conf/mitigation/NAME.yaml.
+# They live here, beside the other schemas, so that a config is checked without importing torch.
+
+@dataclass
+class PhaseJitterOptions:
+    """`+mitigation=phase_jitter`: the options and their defaults."""
+
+    max_shift: int | None = None  # null: stride - 1
+    mode: str = "pad"  # pad: T grows by max_shift, nothing dropped; crop: T kept, the last k tokens dropped
+    keep_first: int = 1  # tokens kept in place before the filler (the BOS)
+    filler_token: int = 1  # the filler's token id (1 = the first filler token of the retrieval vocab)
+
+
+@dataclass
+class StaggeredOffsetsOptions:
+    """`+mitigation=staggered_offsets`: the options and their defaults."""
+
+    offsets: list[int] | None = None  # null: layer l gets floor(l * S / L); or offsets in [0, S), cycled over layers
+
+
+@dataclass
+class GateDiversityOptions:
+    """`+mitigation=gate_diversity` (conf/mitigation/gate_diversity.yaml): the options and their defaults."""
+
+    mode: str = "per_head"  # per_head | soft | hard (GateDiversity's docstring; docs/mitigations.md)
+    branch: str | None = None  # key | value | both; null: both for per_head, key for soft and hard
+    # per_head and soft; the term lies in [0, 1] (retrieval loss at chance: log 64 = 4.2); a study searches 0.03..10.
+    # coverage_w8s8: 0.1 closed the weak phases in 2 of 3 seeds, 1.0 kept the gates uniform and slowed learning.
+    weight: float = 0.1
+    start_step: int = 0  # the term is off before this training step (let the model leave the plateau first) ...
+    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
+    # hard mode only:
+    # block: contiguous slots per head (anchors W/HKV apart); interleaved: slot i -> head i mod HKV
+    layout: str = "block"
+    strength: float | None = None  # null: mask the other slots (hard); a number: a fixed anchor of that many logits
+    value_shift: int = 1  # the value gate's assignment is the key's shifted by this many slots
+    freeze_bias: bool = False  # also zero and freeze the learned per-slot gate bias b_i
+
+
+@dataclass
+class CoordOptions:
+    """`+mitigation=head_coord` and `+mitigation=layer_coord`: the options and their defaults."""
+
+    branch: str = "both"  # key | value | both
+    weight: float = 1.0  # the term lies in [0, 1] (retrieval loss at chance: log 64 = 4.2); search 0.1..10, log scale
+    start_step: int = 0  # the term is off before this training step ...
+    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
+
+
+MITIGATION_OPTIONS = {"gate_diversity": GateDiversityOptions, "head_coord": CoordOptions, "layer_coord": CoordOptions,
+                      "phase_jitter": PhaseJitterOptions, "staggered_offsets": StaggeredOffsetsOptions}
 
 
 @dataclass
@@ -197,6 +252,18 @@ class AnalyzeConfig:
     verbose: bool = option(False, "the libraries' own output too (-v)", tools="run,audit")
 
 
+@dataclass
+class UiConfig:
+    """`python -m phasefix.ui` (conf/ui.yaml): the MLflow UI on the project's store, opened on the phase curves."""
+
+    tracking_uri: str | None = option(None, "MLflow store (MLFLOW_TRACKING_URI, else the project's mlruns/mlflow.db)")
+    experiment: str = option("phasefix", "MLflow experiment")
+    host: str = option("127.0.0.1", "address the server binds (the default: this machine only)")
+    port: int = option(5000, "port the server listens on")
+    workers: int = option(1, "server worker processes (MLflow's default 4 is slow to start on 2 cores)")
+    verbose: bool = option(False, "the server's own log too (-v)")
+
+
 def register_configs() -> None:
     # `${plus_one:${model.stride}}`: W = S + 1 that follows the stride (conf/arm/bridge*.yaml)
     if not OmegaConf.has_resolver("plus_one"):
@@ -209,12 +276,11 @@ def register_configs() -> None:
     cs.store(group="data", name="retrieval_schema", node=RetrievalData)
     cs.store(group="data", name="lm_mix_schema", node=LMMixData)
     # conf/mitigation/<name>.yaml selects <name>_schema: the mitigation class's Options dataclass
-    from phasefix.mitigations import REGISTRY
-
-    for name, cls in REGISTRY.items():
-        cs.store(group="mitigation", name=f"{name}_schema", node=cls.Options, package=f"mitigation.{name}")
+    for name, options in MITIGATION_OPTIONS.items():
+        cs.store(group="mitigation", name=f"{name}_schema", node=options, package=f"mitigation.{name}")
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="analyze_schema", node=AnalyzeConfig)
+    cs.store(name="ui_schema", node=UiConfig)
 
 
 register_configs()
@@ -251,6 +317,28 @@ def validate_eval(e) -> None:
     check(e.n_boot >= 1, "eval.n_boot", e.n_boot, "must be >= 1")
 
 
+def validate_fit(cfg: DictConfig) -> ModelConfig:
+    """fit's checks that need neither torch nor data (the model, trainer, optimiser and evaluation keys): the CLI
+    runs them before importing torch, Lightning and MLflow, so a bad value is refused in about a second."""
+    model = model_config(cfg)
+    validate_trainer(cfg.trainer)
+    validate_optim(cfg.optim)
+    validate_eval(cfg.eval)
+    return model
+
+
+def flatten(d, prefix: str = "") -> dict:
+    """A nested mapping as {dotted key: value} (the keys a config is checked against, the params MLflow logs)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
 def model_config(cfg: DictConfig) -> ModelConfig:
     return ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
 
@@ -260,5 +348,5 @@ def to_container(cfg: DictConfig) -> dict:
 
 
 __all__ = ["ANALYZE_TOOLS", "AnalyzeConfig", "ConfigError", "EvalConfig", "EvaluateConfig", "FitConfig",
-           "LoggerConfig", "OptimConfig", "TrainerConfig", "model_config", "option", "to_container", "validate_eval",
-           "validate_optim", "validate_trainer"]
+           "LoggerConfig", "MITIGATION_OPTIONS", "OptimConfig", "TrainerConfig", "flatten", "model_config", "option",
+           "UiConfig", "to_container", "validate_eval", "validate_fit", "validate_optim", "validate_trainer"]

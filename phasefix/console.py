@@ -41,12 +41,6 @@ def quiet(verbose: bool = False) -> None:
         pass
 
 
-def verbose_flag(argv: list[str]) -> tuple[list[str], bool]:
-    """(argv without -v/--verbose, whether it was given): `-v` is the short form of `verbose=true`."""
-    rest = [a for a in argv if a not in ("-v", "--verbose")]
-    return rest, len(rest) != len(argv)
-
-
 class TrainProgress(Callback):
     """One bar: steps out of max_steps, the training loss and the last validation mean / worst residue."""
 

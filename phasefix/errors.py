@@ -13,3 +13,16 @@ def check_choice(key: str, value, allowed) -> None:
 def check(cond: bool, key: str, value, rule: str) -> None:
     if not cond:
         raise ConfigError(f"{key}={value!r} is invalid: {rule}")
+
+
+def check_all(*checks) -> None:
+    """Run every check (a callable raising ConfigError); one ConfigError with every failure, in the order given, so
+    a user who got two things wrong reads both, the first one typed first."""
+    failed = []
+    for c in checks:
+        try:
+            c()
+        except ConfigError as e:
+            failed.append(str(e))
+    if failed:
+        raise ConfigError("; ".join(failed))

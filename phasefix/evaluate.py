@@ -3,7 +3,8 @@
 Phase-grouped evaluation of any causal LM (science.md section 4), logged to MLflow like a fit run and written to
 `<out>/summary.json`. A Hydra app: its keys and defaults are `phasefix.config.EvaluateConfig` (conf/evaluate.yaml;
 `--help` lists them). Scoring is `phasefix.predict`; the prompts `phasefix.data` (text prompts for Hugging Face
-models, the synthetic set of its training task for a phasefix run).
+models, the synthetic set of its training task for a phasefix run). torch is imported by the functions that use it,
+so bad options are refused before it loads.
 """
 from __future__ import annotations
 
@@ -15,13 +16,10 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from phasefix.data.layout import PADDINGS
-from phasefix.errors import ConfigError, check, check_choice
-from phasefix.metrics import detect_period, fft_period
-from phasefix.predict import evaluate_phase, logits_at, progress_bar
+from phasefix.errors import ConfigError, check, check_all, check_choice
 
 TASKS = ("kv_lookup", "needle", "flip")
 SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "count", "period_detected",
@@ -29,31 +27,36 @@ SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "
 TASK_OPTIONS = ("num_records", "num_demos", "max_pad", "target_span", "num_filler", "max_length")
 
 
-@torch.no_grad()
 def flip_curve(model, probe, *, batch_size: int = 8, progress: bool = False) -> dict:
     """log p(completion 0) - log p(completion 1) per filler length, the folded curve and its detected period."""
+    import torch
+
+    from phasefix.metrics import detect_period
+    from phasefix.predict import logits_at, progress_bar
+
     device = next(model.parameters()).device
     logp = np.zeros((2, probe.lengths))
     total = 2 * math.ceil(probe.lengths / batch_size)
     chunks = ((which, seqs[i:i + batch_size]) for which in (0, 1)
               for seqs in [list(probe.sequences(which))] for i in range(0, len(seqs), batch_size))
     done = [0, 0]
-    for which, chunk in progress_bar(chunks, total, "flip", progress):
-        m = probe.completions[which].size
-        width = max(s.size for _, s, _ in chunk)
-        ids = torch.zeros((len(chunk), width), dtype=torch.long)  # right padding: causal, positions untouched
-        for b, (_, s, _) in enumerate(chunk):
-            ids[b, :s.size] = torch.from_numpy(s)
-        # logits at position p predict token p + 1: the completion's tokens are predicted from [start-1, start+m-1)
-        need = sorted({start - 1 + k for _, _, start in chunk for k in range(m)})
-        logits = logits_at(model, ids.to(device), torch.tensor(need, device=device)).float()
-        lp = torch.log_softmax(logits, -1).cpu()
-        col = {p: i for i, p in enumerate(need)}
-        target = torch.from_numpy(probe.completions[which])
-        for b, (_, _, start) in enumerate(chunk):
-            rows = torch.tensor([col[start - 1 + k] for k in range(m)])
-            logp[which, done[which] + b] = float(lp[b, rows, target].sum())
-        done[which] += len(chunk)
+    with torch.no_grad():
+        for which, chunk in progress_bar(chunks, total, "flip", progress):
+            m = probe.completions[which].size
+            width = max(s.size for _, s, _ in chunk)
+            ids = torch.zeros((len(chunk), width), dtype=torch.long)  # right padding: causal, positions untouched
+            for b, (_, s, _) in enumerate(chunk):
+                ids[b, :s.size] = torch.from_numpy(s)
+            # logits at position p predict token p + 1: the completion's tokens are predicted from [start-1, start+m-1)
+            need = sorted({start - 1 + k for _, _, start in chunk for k in range(m)})
+            logits = logits_at(model, ids.to(device), torch.tensor(need, device=device)).float()
+            lp = torch.log_softmax(logits, -1).cpu()
+            col = {p: i for i, p in enumerate(need)}
+            target = torch.from_numpy(probe.completions[which])
+            for b, (_, _, start) in enumerate(chunk):
+                rows = torch.tensor([col[start - 1 + k] for k in range(m)])
+                logp[which, done[which] + b] = float(lp[b, rows, target].sum())
+            done[which] += len(chunk)
     diff = logp[0] - logp[1]
     P = probe.period
     # Fold on the residue of the snippet's absolute position (the phase of everything after the filler).
@@ -67,6 +70,8 @@ def flip_curve(model, probe, *, batch_size: int = 8, progress: bool = False) -> 
 
 
 def fft_period_safe(curve) -> float | None:
+    from phasefix.metrics import fft_period
+
     p = fft_period(np.asarray(curve))
     return None if math.isnan(p) else round(p, 3)
 
@@ -77,9 +82,7 @@ def options(args: Sequence[str] | Mapping | DictConfig) -> dict:
     from phasefix.cli import options as app_options
 
     opts = OmegaConf.to_container(app_options(args, "evaluate"), resolve=True)
-    check(opts["model"] not in (None, ""), "model", opts["model"],
-          "is required: a Hugging Face model directory, or a phasefix run id, output directory or .ckpt")
-    check_choice("task", opts["task"], TASKS)
+    check_all(lambda: check_model(opts["model"]), lambda: check_choice("task", opts["task"], TASKS))
     pads = list(PADDINGS) if opts["padding"] in (["both"], ["all"]) else opts["padding"]
     for p in pads:
         check_choice("padding", p, PADDINGS)
@@ -91,6 +94,24 @@ def options(args: Sequence[str] | Mapping | DictConfig) -> dict:
     check_choice("dtype", opts["dtype"], ("float32", "bfloat16", "float16"))
     check_choice("which", opts["which"], ("last", "best"))
     return opts
+
+
+MODEL_SPEC = "a Hugging Face model directory, or a phasefix run id, output directory or .ckpt"
+
+
+def check_model(spec) -> None:
+    """What can be checked of `model=` without loading anything: given, and a path that exists and is a Hugging Face
+    model directory (config.json) or a phasefix run (output directory, .ckpt); anything else may be an MLflow run id."""
+    from phasefix.run import RUN_FILE, check_spec
+
+    check(spec not in (None, ""), "model", spec, f"is required: {MODEL_SPEC}")
+    path = Path(str(spec)).expanduser()
+    if path.is_dir() and not (path / "config.json").exists() and not (path / RUN_FILE).exists() \
+            and not (path / "checkpoints").is_dir():
+        raise ConfigError(f"model={spec!r} is invalid: the directory is neither a Hugging Face model (no config.json) "
+                          "nor a phasefix run output directory (no run.json, no checkpoints/)")
+    if not (path / "config.json").exists():
+        check_spec(str(spec), "model", MODEL_SPEC)
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -106,6 +127,8 @@ class Target:
 
 def load_target(spec: str, *, tracking_uri: str | None = None, device: str | None = None,
                 dtype: str = "float32", which: str = "last") -> Target:
+    import torch
+
     path = Path(spec).expanduser()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if path.is_dir() and (path / "config.json").exists():
@@ -114,6 +137,7 @@ def load_target(spec: str, *, tracking_uri: str | None = None, device: str | Non
 
 
 def _load_hf(path: Path, device: str, dtype: str) -> Target:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -133,9 +157,6 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
     from phasefix.data import data_config
     from phasefix.run import Run
 
-    looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
-    check(Path(spec).expanduser().exists() or not looks_like_path, "model", spec,
-          "does not exist (a Hugging Face model directory, or a phasefix run id, output directory or .ckpt file)")
     run = Run.open(spec, tracking_uri, key="model")
     ckpt = run.checkpoint(which, key="model")
     module, hp = run.load_module(which, key="model")
@@ -162,6 +183,7 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
     written to <out>/summary.json)."""
     from phasefix import tracking
     from phasefix.paths import OUTPUTS_DIR
+    from phasefix.predict import evaluate_phase
 
     opts = options(args)
     target = load_target(str(opts["model"]), tracking_uri=opts["tracking_uri"], device=opts["device"],
@@ -269,7 +291,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
 
 
 def _plain(v):
-    if isinstance(v, torch.Tensor):
+    if hasattr(v, "tolist"):  # a tensor or numpy value
         v = v.tolist()
     if isinstance(v, float):
         return None if v != v else round(v, 4)
@@ -326,14 +348,15 @@ def tracking_spark(values) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m phasefix.evaluate`: 0 done, 2 a bad option (one line), 130 interrupted (Ctrl-C)."""
     from phasefix import cli
-    from phasefix.console import quiet
 
     def work(cfg: DictConfig) -> int:
+        from phasefix.console import quiet  # Lightning: after the options are checked (check=options)
+
         quiet(cfg.verbose)  # -v: the libraries' own output too
         print_summary(evaluate(cfg))
         return 0
 
-    return cli.run("evaluate", argv, work, shim=lambda words: cli.overrides(words, "evaluate"))
+    return cli.run("evaluate", argv, work, shim=lambda words: cli.overrides(words, "evaluate"), check=options)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`python -m phasefix.fit [key=value ...] [+mitigation=NAME]`: train, evaluate by phase, log to MLflow.
 
-`fit(cfg) -> summary` is the one entry point shared by the CLI, the studies and the tests.
+`fit(cfg) -> summary` is the one entry point shared by the CLI, the studies and the tests. torch, Lightning, MLflow
+and datasets are imported inside the functions that use them: the command line checks a config before they load.
 """
 from __future__ import annotations
 
@@ -9,13 +10,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from phasefix import config as C
-from phasefix import tracking
 from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
-from phasefix.data.select import data_config, eval_set, eval_task_kwargs, train_set, train_stages
 from phasefix.errors import ConfigError, check
 
 
@@ -32,6 +30,8 @@ def plan_model(cfg: DictConfig):
 
 def plan(cfg: DictConfig) -> dict:
     """Validate everything and build the objects of a run, before any training or MLflow run starts."""
+    from phasefix.data.select import data_config, eval_task_kwargs
+
     model_cfg, mitigations = plan_model(cfg)
     C.validate_trainer(cfg.trainer)
     C.validate_optim(cfg.optim)
@@ -51,18 +51,19 @@ def plan(cfg: DictConfig) -> dict:
     return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
 
 
-@torch.no_grad()
 def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> float:
     """Mean next-token loss on held-out text positions (labels >= first_text_token)."""
+    import torch
     from torch.utils.data import DataLoader
 
     total, count = 0.0, 0
-    for batch in DataLoader(dataset, batch_size=batch_size):
-        logits = model(batch["input_ids"].long())
-        labels = batch["labels"].long()
-        mask = labels >= first_text_token
-        total += torch.nn.functional.cross_entropy(logits[mask].float(), labels[mask], reduction="sum").item()
-        count += int(mask.sum())
+    with torch.no_grad():
+        for batch in DataLoader(dataset, batch_size=batch_size):
+            logits = model(batch["input_ids"].long())
+            labels = batch["labels"].long()
+            mask = labels >= first_text_token
+            total += torch.nn.functional.cross_entropy(logits[mask].float(), labels[mask], reduction="sum").item()
+            count += int(mask.sum())
     return total / max(count, 1)
 
 
@@ -98,6 +99,7 @@ def resume_config(cfg: DictConfig):
     from the stored value and is not in RESUMABLE (with `fork`, nor in FORKABLE) raises ConfigError naming it.
     `trainer.max_steps` below the checkpoint's step is refused; above it, the run trains the extra steps. A fork
     lives in a new output directory (`output_dir` or the default), never the named run's."""
+    from phasefix import tracking
     from phasefix.run import Run
 
     run = Run.open(str(cfg.resume), cfg.logger.get("tracking_uri"), key="resume")
@@ -146,17 +148,19 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     before the checkpoint's step copied, train time counted from the checkpoint's), writing nothing to the named
     run. Ctrl-C saves `last.ckpt` at the interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
     import lightning as L
+    import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from phasefix import console
+    from phasefix import console, tracking
     from phasefix.data.lm_mix import LMMixConfig
+    from phasefix.data.select import eval_set, train_set, train_stages
     from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
                                   TrainClock)
     from phasefix.run import Run, checkpoint_path
 
     console.quiet(bool(cfg.get("verbose")))
-    run, source, start_step, before_seconds = None, None, 0, 0.0
+    run, source, start_step, before_seconds, previous = None, None, 0, 0.0, None
     resuming, forking = bool(cfg.get("resume")), bool(cfg.get("fork"))
     check(resuming or not forking, "fork", "true", "needs resume=<the run to fork from>")
     if resuming:
@@ -164,12 +168,19 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         previous = run.summary
         if before_seconds is None:  # a checkpoint written before train time was recorded in checkpoints
             before_seconds = (previous or {}).get("train_seconds", 0.0)
+        what = f"{run.dir.name} (MLflow run {run.run_id}) from step {start_step}"
         if forking:  # from here on the new run is `run`; the named one is only read
             source, run, previous = run, None, None
         if previous is not None and previous.get("steps", start_step) == start_step >= cfg.trainer.max_steps:
             print(f"phasefix fit: {run.dir} is trained to step {start_step} = trainer.max_steps and evaluated; "
                   "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
             return previous
+        print(f"phasefix fit: {'forking' if forking else 'resuming'} {what}"
+              f"{' as a new run' if forking else ''} to step {cfg.trainer.max_steps}", flush=True)
+    # the wall time of the pieces before this one: a finished piece's total, else the train time its checkpoint holds
+    before_total = before_seconds
+    if previous is not None and previous.get("steps") == start_step:
+        before_total = previous.get("total_seconds", before_seconds)
     p = plan(cfg)  # raises ConfigError before anything is written
     out_dir = Run.new_dir(cfg.output_dir, run_name(cfg)) if run is None else run.dir  # checked, not created yet
     model_cfg, data_cfg = p["model"], p["data"]
@@ -265,8 +276,11 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                 results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
                                               n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
                                               progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
-            summary = summarize(run_id, model_cfg, results, train_seconds, time.time() - t_start, out_dir)
+            summary = summarize(run_id, model_cfg, results, train_seconds, before_total + time.time() - t_start,
+                                out_dir)
             summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
+            summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
+                           figure=tracking.artifact_path(c, run_id, "phase_curves.png"))
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
@@ -304,8 +318,19 @@ def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir)
     return summary
 
 
+def learned_lookup(summary: dict, cfg: DictConfig) -> dict:
+    """{"chance", "learned"}: the project's rule (phasefix.comparison.learned: prefix mean >= 5 x chance) on this run;
+    learned None when the prefix padding was not evaluated. A run that did not learn has no period to read."""
+    from phasefix.comparison import chance, learned
+
+    params = {"data.num_values": cfg.data.num_values}
+    prefix = summary.get("prefix")
+    return {"chance": round(chance(params), 4),
+            "learned": None if prefix is None else bool(learned(prefix["acc_mean"], params))}
+
+
 def _plain(v):
-    if isinstance(v, torch.Tensor):
+    if hasattr(v, "tolist"):  # a tensor or numpy value
         v = v.tolist()
     if isinstance(v, float):
         return None if v != v else round(v, 4)  # NaN (an empty residue group) -> null in JSON
@@ -315,7 +340,11 @@ def _plain(v):
 
 
 def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, step: int = 0) -> None:
+    from phasefix import tracking
+
     tracking.rewind(c, run_id, final=True)  # a resumed run's earlier final results: replaced, not duplicated
+    if summary.get("learned") is not None:  # the runs table can filter on it: tags.learned = 'false'
+        tracking.set_tags(c, run_id, {"learned": str(summary["learned"]).lower()})
     for pad, res in results.items():
         tracking.log_phase_result(c, run_id, pad, res)
     if "lm_loss" in summary:  # logged after the rewind above, which would delete it
@@ -330,24 +359,47 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
 
         probe = next(iter(val_sets.values()))[:64]["input_ids"]
         static = module.static_gates(probe)
-        tracking.log_metric_values(c, run_id, {
-            f"gates/L{layer}/{branch}/h{h}/eff_slots": e for layer, branches in enumerate(static)
-            for branch, prob in branches.items() for h, e in enumerate(effective_slots(prob).tolist())}, step=step)
+        # one value per layer, branch and head: a table beside the heatmap, not a dozen one-point chart groups
+        rows = ["layer,branch,kv_head,eff_slots"] + [
+            f"{layer},{branch},{h},{e:.4f}" for layer, branches in enumerate(static)
+            for branch, prob in branches.items() for h, e in enumerate(effective_slots(prob).tolist())]
+        c.log_text(run_id, "\n".join(rows) + "\n", "gate_eff_slots.csv")
         tracking.log_figure(c, run_id, plots.gate_heatmap(static), "gate_heatmap.png")
 
 
 def print_summary(summary: dict) -> None:
+    from phasefix import tracking
+
     shape = ("full" if summary["attention"] == "full"
              else f"{summary['attention']}, W{summary['window']}/S{summary['stride']}")
     print(f"\nphasefix fit: {summary['model']} ({shape}), "
           f"trained in {summary['train_seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
     print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}  curve by residue")
+    unlearned = summary.get("learned") is False
     for pad in ("prefix", "in_sequence"):
         if pad in summary:
             s = summary[pad]
+            period = "-" if unlearned else str(s.get("period_detected"))  # noise has no period
             print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
-                  f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {tracking.sparkline(s['per_residue'])}")
+                  f"{s['acc_gap']:>6.3f} {period:>6}  {tracking.sparkline(s['per_residue'])}")
+    if unlearned:
+        from phasefix.comparison import LEARNED_FACTOR
+
+        print(f"NOT LEARNED: prefix mean {summary['prefix']['acc_mean']:.3f} < {LEARNED_FACTOR:g} x chance "
+              f"({LEARNED_FACTOR * summary['chance']:.3f}); the curve is noise, not a period: train longer "
+              "(trainer.max_steps)")
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
+    if summary.get("figure"):
+        print(f"figure:  {summary['figure']}")
+    if summary.get("tracking_uri"):
+        print(f"look at it in MLflow: {ui_command(summary['tracking_uri'])}  (the phase curves of every run)")
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The command that opens the MLflow UI on the phase curves of the runs in this store (`python -m phasefix.ui`)."""
+    from phasefix.paths import default_tracking_uri
+
+    return "python -m phasefix.ui" + ("" if tracking_uri == default_tracking_uri() else f" tracking_uri={tracking_uri}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -359,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_summary(fit(cfg))  # fit validates everything (plan) before it writes anything
         return 0
 
-    return cli.run("fit", argv, work)
+    return cli.run("fit", argv, work, check=C.validate_fit)
 
 
 if __name__ == "__main__":

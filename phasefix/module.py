@@ -133,7 +133,8 @@ class PhaseFixModule(L.LightningModule):
             for branch, p in branches.items():
                 eff = effective_slots(p)
                 for h in range(p.shape[0]):
-                    self.log(f"gates/L{layer}/{branch}/h{h}/eff_slots", float(eff[h]), rank_zero_only=True)
+                    # one chart group in the MLflow UI (it groups by the name up to the last /), not one per head
+                    self.log(f"gates/eff_slots/L{layer}.{branch}.h{h}", float(eff[h]), rank_zero_only=True)
 
     @torch.no_grad()
     def static_gates(self, input_ids: torch.Tensor | None = None):

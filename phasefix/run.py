@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 
 from phasefix.errors import check
-from phasefix.tracking import resolve_run_id
 from phasefix.paths import OUTPUTS_DIR
 
 RUN_FILE = "run.json"
@@ -32,6 +31,21 @@ def outputs_dir() -> Path:
 def checkpoint_path(run_dir: Path | str, which: str = "last") -> Path:
     """Where a run keeps a checkpoint: `last` (what a resume continues from) or `best`; it may not exist yet."""
     return Path(run_dir) / "checkpoints" / f"{which}.ckpt"
+
+
+def check_spec(spec: str, key: str = "run", what: str = RUN_SPEC) -> None:
+    """`Run.open`'s checks that need no MLflow (the app checks them with its other options, before any import):
+    a file must be a .ckpt, a directory a run output directory, and a path must exist; anything else may be an
+    MLflow run id. `what`: the message's list of what `key` accepts."""
+    path = Path(str(spec)).expanduser()
+    if path.is_file():
+        check(path.suffix == ".ckpt", key, spec, f"must be {what}")
+    elif path.is_dir():
+        check((path / RUN_FILE).exists() or (path / "checkpoints").is_dir(), key, spec,
+              "the directory is not a run output directory (no run.json, no checkpoints/)")
+    else:
+        looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
+        check(not looks_like_path, key, spec, f"does not exist (must be {what})")
 
 
 @dataclasses.dataclass
@@ -52,22 +66,18 @@ class Run:
         check(spec != "", key, spec, f"must be {RUN_SPEC}")
         if spec == "last":
             return cls.last(key)
+        check_spec(spec, key)
         path = Path(spec).expanduser()
         if path.is_file():
-            check(path.suffix == ".ckpt", key, spec, f"must be {RUN_SPEC}")
             d = path.resolve().parent.parent
             home = d if (d / RUN_FILE).exists() or (d / "config.yaml").exists() else None
             return cls._from_dir(home, tracking_uri, ckpt=path.resolve()) if home else cls(None, ckpt=path.resolve())
         if path.is_dir():
-            check((path / RUN_FILE).exists() or (path / "checkpoints").is_dir(), key, spec,
-                  "the directory is not a run output directory (no run.json, no checkpoints/)")
             return cls._from_dir(path.resolve(), tracking_uri)
-        looks_like_path = "/" in spec or spec.endswith(".ckpt") or spec.startswith((".", "~"))
-        check(not looks_like_path, key, spec, f"does not exist (must be {RUN_SPEC})")
         from phasefix import tracking
 
         c = tracking.client(tracking_uri)
-        run_id = resolve_run_id(c, spec, key)
+        run_id = tracking.resolve_run_id(c, spec, key)
         run = c.get_run(run_id)
         out = run.data.tags.get("output_dir")
         check(run.data.tags.get("phasefix.kind", "fit") == "fit" and out is not None, key, spec,
@@ -163,4 +173,4 @@ class Run:
         return int(ckpt["global_step"]), seconds
 
 
-__all__ = ["RUN_FILE", "Run", "outputs_dir", "resolve_run_id"]
+__all__ = ["RUN_FILE", "Run", "check_spec", "outputs_dir"]

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from phasefix.config import flatten  # noqa: F401  (tracking.flatten: the dotted keys params are logged under)
 from phasefix.errors import ConfigError, check
 from phasefix.paths import PROJECT_ROOT, default_tracking_uri
 
@@ -49,6 +50,39 @@ def client(uri: str | None = None) -> MlflowClient:
 
 
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the MLflow UI's "Machine learning" mode
+# The MLflow UI's saved view of the experiment's charts that `python -m phasefix.ui` opens (experiment tag
+# `mlflow.sharedViewState.<key>`, URL `?viewStateShareKey=<key>`; MLflow 3.17's format, read from its UI): the phase
+# curves first, on a 0-1 axis with full titles, then training; the single-value final scalars collapsed.
+VIEW_KEY = "phase-curves"
+
+
+def phase_curves_view(paddings: Sequence[str] = ("prefix", "in_sequence")) -> str:
+    """The saved view's tag value: MLflow's envelope {name, createdAt, updatedAt, state} with the view state (the
+    chart cards and sections of the experiment page's chart mode) as a JSON string."""
+    def line(key: str, title: str, section: str, y01: bool) -> dict:
+        return {"uuid": f"phasefix-{key.replace('/', '-')}", "type": "LINE", "isGenerated": False, "deleted": False,
+                "metricSectionId": section, "runsCountToCompare": 10, "displayName": title, "metricKey": key,
+                "selectedMetricKeys": [key], "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
+                "range": {"yMin": 0, "yMax": 1} if y01 else {}, "xAxisKey": "step", "selectedXAxisMetricKey": "",
+                "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": False,
+                "useGlobalLineSmoothing": False}
+
+    sections = [("phasefix-phase", "phase curves (x = residue)", len(paddings)),
+                ("phasefix-val", "accuracy while training (x = step)", 2 * len(paddings)),
+                ("phasefix-train", "train", 2)]  # the name MLflow gives train/*: the rest of train/ joins it
+    charts = [line(f"phase_acc/{p}", f"phase_acc/{p}: accuracy by residue, {p} padding", "phasefix-phase", True)
+              for p in paddings]
+    charts += [line(phase_metric("val", p, k), phase_metric("val", p, k), "phasefix-val", True)
+               for p in paddings for k in ("acc_mean", "acc_worst")]
+    charts += [line("train/loss", "train/loss", "phasefix-train", False)]
+    state = {"compareRunCharts": charts, "isAccordionReordered": True, "hideEmptyCharts": True,
+             "compareRunSections": [{"uuid": u, "name": n, "display": True, "isReordered": True, "columns": columns,
+                                     "cardHeight": 360} for u, n, columns in sections]
+             # the single-value final scalars (bars): collapsed; their numbers are in the runs table and summary.json
+             + [{"uuid": f"phasefix-final-{p}", "name": f"final/{p}", "display": False, "isReordered": True}
+                for p in paddings]}
+    now = 0  # a fixed view: the same tag value for every experiment and every run
+    return json.dumps({"name": "Phase curves", "createdAt": now, "updatedAt": now, "state": json.dumps(state)})
 
 
 def get_or_create_experiment(c: MlflowClient, name: str) -> str:
@@ -61,13 +95,18 @@ def get_or_create_experiment(c: MlflowClient, name: str) -> str:
             db = Path(c.tracking_uri[len("sqlite:///"):])
             artifacts = (db.parent / "artifacts" / name).resolve().as_uri()
         try:
-            exp_id = c.create_experiment(name, artifact_location=artifacts, tags=dict([EXPERIMENT_KIND]))
+            exp_id = c.create_experiment(name, artifact_location=artifacts, tags=experiment_tags())
         except mlflow.exceptions.MlflowException:  # another process created it meanwhile
             exp_id = c.get_experiment_by_name(name).experiment_id
         return exp_id
-    if exp.tags.get(EXPERIMENT_KIND[0]) is None:  # experiments created before phasefix set the kind
-        c.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+    for key, value in experiment_tags().items():  # experiments created before phasefix set the kind or the view
+        if exp.tags.get(key) is None:
+            c.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
+
+
+def experiment_tags() -> dict[str, str]:
+    return dict([EXPERIMENT_KIND, (f"mlflow.sharedViewState.{VIEW_KEY}", phase_curves_view())])
 
 
 def create_run(c: MlflowClient, experiment: str, run_name: str, tags: Mapping[str, str]) -> str:
@@ -174,17 +213,6 @@ def command_override(overrides) -> str:
     return '+logger.tags.command="' + cmd.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def flatten(d: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def log_params(c: MlflowClient, run_id: str, cfg: Mapping) -> None:
     from mlflow.entities import Param
 
@@ -209,6 +237,14 @@ def log_figure(c: MlflowClient, run_id: str, fig, path: str) -> None:
 
     c.log_figure(run_id, fig, path, save_kwargs={"dpi": 110})
     plt.close(fig)
+
+
+def artifact_path(c: MlflowClient, run_id: str, path: str) -> str:
+    """Where artifact `path` of a run lies: a file path for a local store (what a user opens), else its URI."""
+    from urllib.parse import unquote, urlparse
+
+    root = c.get_run(run_id).info.artifact_uri
+    return unquote(urlparse(root).path) + "/" + path if root.startswith("file:") else f"{root}/{path}"
 
 
 def log_dict(c: MlflowClient, run_id: str, d: Mapping, path: str) -> None:

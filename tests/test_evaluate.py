@@ -288,6 +288,36 @@ def test_bad_options_exit_2_with_one_line(args, key, capsys, tmp_path):
     assert len(errors) == 1 and key in errors[0]
 
 
+def test_the_first_mistake_is_reported_first_and_both_at_once(tmp_path, capsys):
+    """`model=/tmp` (a directory that is no model) without a task: the line names the model first, then the task,
+    and nothing is loaded or logged."""
+    (tmp_path / "notamodel").mkdir()
+    assert main([f"model={tmp_path / 'notamodel'}", f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"]) == 2
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
+    assert line.startswith(f"error: model='{tmp_path / 'notamodel'}' is invalid: the directory is neither a Hugging "
+                           "Face model (no config.json) nor a phasefix run output directory")
+    assert line.index("model=") < line.index("task=None is invalid")
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_bad_options_are_refused_before_torch_is_imported(tmp_path):
+    """The order, not the clock: `python -X importtime` lists what the process imported before it exited 2."""
+    import os
+    import subprocess
+    import sys
+
+    from phasefix.paths import PROJECT_ROOT
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "phasefix.evaluate", f"model={tmp_path}",
+                           f"tracking_uri=sqlite:///{tmp_path / 'm.db'}"], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    errors = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"error: model='{tmp_path}'"), errors
+    assert "phasefix.evaluate" in imported or "phasefix.errors" in imported
+    assert not imported & {"torch", "lightning", "mlflow", "transformers"}
+
+
 def test_phasefix_run_named_by_a_unique_mlflow_id_prefix(tmp_path):
     from phasefix import tracking
     from phasefix.fit import compose

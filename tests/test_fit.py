@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from phasefix.errors import ConfigError
-from phasefix.fit import compose, fit, main
+from phasefix.fit import compose, fit, main, print_summary
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
 from helpers import FAST  # trainer=fast: seconds-long runs
 
@@ -93,7 +93,7 @@ def test_mitigations_compose_together():
     assert set(cfg.mitigation) == {"gate_diversity", "head_coord"}
 
 
-def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
+def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path, capsys):
     summary = fit(compose(FAST + run_overrides(tmp_path)))
     out = tmp_path / "run"
     on_disk = json.loads((out / "summary.json").read_text())
@@ -120,7 +120,40 @@ def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path):
     assert c.get_metric_history(run.info.run_id, "train/loss")
     assert c.get_metric_history(run.info.run_id, "val/prefix/acc_mean")
     artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
-    assert {"phase_curves.png", "phase_table.csv", "config.yaml", "summary.json", "gate_heatmap.png"} <= artifacts
+    assert {"phase_curves.png", "phase_table.csv", "config.yaml", "summary.json", "gate_heatmap.png",
+            "gate_eff_slots.csv"} <= artifacts
+    assert not [k for k in run.data.metrics if k.startswith("gates/")]  # a table, not one chart group per head
+
+    # 24 steps do not learn the lookup: the project's rule (prefix mean >= 5 x chance, chance = 1 / num_values)
+    # computed here by hand; the closing block says so instead of reading a period into the noise
+    chance = 1 / compose(FAST).data.num_values
+    assert summary["prefix"]["acc_mean"] < 5 * chance and summary["learned"] is False
+    assert run.data.tags["learned"] == "false"
+    capsys.readouterr()
+    print_summary(summary)
+    out_lines = capsys.readouterr().out.splitlines()
+    rows = {ln.split()[0]: ln.split() for ln in out_lines if ln.startswith(("prefix ", "in_sequence "))}
+    assert rows["prefix"][5] == "-" and rows["in_sequence"][5] == "-"  # no period column for noise
+    assert any(ln.startswith("NOT LEARNED: prefix mean") for ln in out_lines)
+    # how to look at it: the launcher for this store, and the figure on disk
+    assert (f"look at it in MLflow: python -m phasefix.ui tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}  (the phase "
+            "curves of every run)") in out_lines
+    figure = Path(summary["figure"])
+    assert f"figure:  {figure}" in out_lines and figure.name == "phase_curves.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from phasefix import ui
+
+    from phasefix.cli import options
+
+    uri, experiment_id = ui.target(options([f"tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"], "ui"))
+    assert experiment_id == run.info.experiment_id
+    view = json.loads(c.get_experiment(experiment_id).tags["mlflow.sharedViewState.phase-curves"])
+    cards = json.loads(view["state"])["compareRunCharts"]
+    assert [card["metricKey"] for card in cards[:2]] == ["phase_acc/prefix", "phase_acc/in_sequence"]
+    assert cards[0]["range"] == {"yMin": 0, "yMax": 1}
+    assert ui.url("127.0.0.1", 5000, experiment_id) == (
+        f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?viewStateShareKey=phase-curves"
+        "&compareRunsMode=CHART&workflowType=machine_learning")
     assert main(FAST + run_overrides(tmp_path)) == 2  # a new run in this run's directory: refused, nothing written
     assert len(c.search_runs([run.info.experiment_id])) == 1
 
@@ -292,6 +325,26 @@ def test_misspelt_key_gets_a_suggestion(tmp_path, capsys):
     assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("word, message", [
+    ("trainer.max_step=10", "error: unknown key trainer.max_step; did you mean trainer.max_steps?"),
+    ("trainer.max_steps=0", "error: trainer.max_steps=0 is invalid: must be >= 1"),
+    ("model.window=0", "error: model.window=0 is invalid: must be an integer >= model.stride (4)"),
+])
+def test_a_bad_config_is_refused_before_torch_lightning_or_mlflow_is_imported(tmp_path, word, message):
+    """The order, not the clock: `python -X importtime` lists every module the process imported; the heavy libraries
+    (seconds to import on a 2-core machine) must not be among them when the config is refused."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "phasefix.fit", word, *run_overrides(tmp_path)],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and errors == [message], proc.stderr[-2000:]
+    assert "phasefix.config" in imported  # the listing is real: the config module was imported
+    assert not imported & {"torch", "lightning", "mlflow", "datasets", "transformers"}, sorted(
+        imported & {"torch", "lightning", "mlflow", "datasets", "transformers"})
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
+
+
 def test_help_is_the_hydra_template_with_groups_keys_and_examples(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -336,10 +389,15 @@ def test_resume_with_raised_max_steps_trains_the_extra_steps_and_logs_one_curve(
     assert (out / "config.yaml").read_text() == config_before
     assert c.get_run(first["mlflow_run_id"]).info.status == "FINISHED"
 
+    capsys.readouterr()
     second = fit(compose([f"resume={out}", "trainer.max_steps=24"]))
+    assert f"phasefix fit: resuming run (MLflow run {first['mlflow_run_id']}) from step 16 to step 24" in \
+        capsys.readouterr().out.splitlines()
     assert second["mlflow_run_id"] == first["mlflow_run_id"]
     assert Run.open(str(out)).progress()[0] == 24
     assert second["train_seconds"] > first["train_seconds"]
+    # wall time adds up over the pieces as train time does, and holds it
+    assert second["total_seconds"] > first["total_seconds"] and second["total_seconds"] >= second["train_seconds"]
     steps = metric_steps(c, first["mlflow_run_id"])
     for key, logged in steps.items():
         assert len(logged) == len(set(logged)), f"{key} logged twice at one step: {logged}"
@@ -518,7 +576,8 @@ def test_an_interrupt_anywhere_in_a_step_resumes_to_the_uninterrupted_run(tmp_pa
 
 
 def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
-    from phasefix.run import Run, resolve_run_id
+    from phasefix.run import Run
+    from phasefix.tracking import resolve_run_id
 
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = c.create_experiment("phasefix")

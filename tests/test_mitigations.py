@@ -501,6 +501,13 @@ def test_yaml_selects_the_options_dataclass_and_repeats_no_default(name):
     assert yaml.safe_load(text) == {"defaults": [f"{name}_schema", "_self_"]}  # the defaults live in Options only
 
 
+def test_every_mitigation_class_uses_the_schema_the_config_registers():
+    """The schemas live in phasefix.config (checked without torch); each class's Options is that same dataclass."""
+    from phasefix.config import MITIGATION_OPTIONS
+
+    assert {name: cls.Options for name, cls in REGISTRY.items()} == MITIGATION_OPTIONS
+
+
 def _compose(tmp_path: Path, overrides: list[str]):
     """Compose the real `fit` config (or, until conf/fit.yaml lands, a minimal primary config that searches
     conf/ for the real mitigation group)."""

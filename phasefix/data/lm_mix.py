@@ -23,14 +23,17 @@ import hashlib
 import sysconfig
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from datasets import Dataset
 
 from phasefix.data.retrieval import (SCHEDULE_KEYS, SPLITS, RetrievalConfig, arrays_to_dataset, build_train_arrays,
                                      cached_dataset)
 from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import check, check_choice
+
+if TYPE_CHECKING:  # datasets is imported where a dataset is built
+    from datasets import Dataset
 
 
 TEXT_LOSS_KEYS = ("lm_weight", "lm_start_step", "lm_ramp_steps")

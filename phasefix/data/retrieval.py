@@ -24,15 +24,15 @@ import shutil
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import pyarrow as pa
-from datasets import Dataset, load_from_disk
-from datasets.table import InMemoryTable
 
 from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import check, check_choice
+
+if TYPE_CHECKING:  # datasets is imported where a dataset is built
+    from datasets import Dataset
 
 # Bump when the generator changes, so stale caches are never reused.
 FORMAT_VERSION = 1
@@ -99,6 +99,10 @@ def default_cache_dir() -> Path:
 
 def arrays_to_dataset(columns: dict[str, np.ndarray]) -> Dataset:
     """A Dataset from numpy columns; 2-D arrays become fixed-length list columns (fast, no per-row Python)."""
+    import pyarrow as pa  # datasets and pyarrow on first use: the configs above are checked without them
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
     arrays = {}
     for name, arr in columns.items():
         arr = np.ascontiguousarray(arr)
@@ -121,6 +125,8 @@ def cached_dataset(kind: str, params: dict, build: Callable[[], Dataset], cache_
             os.replace(tmp, path)
         except OSError:  # another process finished first: keep its copy
             shutil.rmtree(tmp, ignore_errors=True)
+    from datasets import load_from_disk
+
     return load_from_disk(str(path))
 
 

@@ -2,26 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
+from phasefix.config import PhaseJitterOptions, StaggeredOffsetsOptions  # noqa: F401  (the schemas: phasefix.config)
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import Mitigation
 from phasefix.model.config import ModelConfig
 
 IGNORE_INDEX = -100
 JITTER_MODES = ("pad", "crop")
-
-
-@dataclass
-class PhaseJitterOptions:
-    """`+mitigation=phase_jitter`: the options and their defaults."""
-
-    max_shift: int | None = None  # null: stride - 1
-    mode: str = "pad"  # pad: T grows by max_shift, nothing dropped; crop: T kept, the last k tokens dropped
-    keep_first: int = 1  # tokens kept in place before the filler (the BOS)
-    filler_token: int = 1  # the filler's token id (1 = the first filler token of the retrieval vocab)
 
 
 class PhaseJitter(Mitigation):
@@ -67,13 +57,6 @@ class PhaseJitter(Mitigation):
         ids = torch.where(valid, input_ids.gather(1, src), torch.full_like(src, self.filler_token))
         lab = torch.where(valid, labels.gather(1, src), torch.full_like(src, IGNORE_INDEX))
         return ids.to(input_ids.dtype), lab.to(labels.dtype)
-
-
-@dataclass
-class StaggeredOffsetsOptions:
-    """`+mitigation=staggered_offsets`: the options and their defaults."""
-
-    offsets: list[int] | None = None  # null: layer l gets floor(l * S / L); or offsets in [0, S), cycled over layers
 
 
 class StaggeredOffsets(Mitigation):

@@ -7,10 +7,10 @@ costs a mean over [B, N, W, HKV] and a few [HKV, W]-sized ops per layer: negligi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from phasefix.config import CoordOptions, GateDiversityOptions  # noqa: F401  (the schemas: phasefix.config)
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import BRANCHES, Mitigation, loss_ramp, unwrap
 from phasefix.mitigations.gates import answered_phases, entropy, static_gate_distribution
@@ -65,25 +65,6 @@ def slot_assignment(window: int, num_kv_heads: int, layout: str = "block") -> to
         return owner == h
     slot = (h * W) // H if layout == "block" else h % W
     return slot == i
-
-
-@dataclass
-class GateDiversityOptions:
-    """`+mitigation=gate_diversity` (conf/mitigation/gate_diversity.yaml): the options and their defaults."""
-
-    mode: str = "per_head"  # per_head | soft | hard (GateDiversity's docstring; docs/mitigations.md)
-    branch: str | None = None  # key | value | both; null: both for per_head, key for soft and hard
-    # per_head and soft; the term lies in [0, 1] (retrieval loss at chance: log 64 = 4.2); a study searches 0.03..10.
-    # coverage_w8s8: 0.1 closed the weak phases in 2 of 3 seeds, 1.0 kept the gates uniform and slowed learning.
-    weight: float = 0.1
-    start_step: int = 0  # the term is off before this training step (let the model leave the plateau first) ...
-    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
-    # hard mode only:
-    # block: contiguous slots per head (anchors W/HKV apart); interleaved: slot i -> head i mod HKV
-    layout: str = "block"
-    strength: float | None = None  # null: mask the other slots (hard); a number: a fixed anchor of that many logits
-    value_shift: int = 1  # the value gate's assignment is the key's shifted by this many slots
-    freeze_bias: bool = False  # also zero and freeze the learned per-slot gate bias b_i
 
 
 class GateDiversity(GateMitigation):
@@ -174,16 +155,6 @@ def phase_coverage(config: ModelConfig, layer: int, branch: str, P: torch.Tensor
     """The static phase distribution q [HKV, S] of a layer's heads: q_h(r) = sum of P_h over the slots that answer
     target-key phase r (`answered_phases`). It sums to 1 minus the mass on the slot that answers nothing."""
     return torch.einsum("hw,hws->hs", P, answered_phases(config, layer, branch, P.device))
-
-
-@dataclass
-class CoordOptions:
-    """`+mitigation=head_coord` and `+mitigation=layer_coord`: the options and their defaults."""
-
-    branch: str = "both"  # key | value | both
-    weight: float = 1.0  # the term lies in [0, 1] (retrieval loss at chance: log 64 = 4.2); search 0.1..10, log scale
-    start_step: int = 0  # the term is off before this training step ...
-    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
 
 
 class HeadCoord(GateMitigation):
