@@ -1,27 +1,57 @@
-"""CPU benchmark: one training step (forward, backward, AdamW) of a configured model, eager against
-`torch.compile` (inductor), as a ratio measured in one run.
+"""CPU benchmark: one training step (forward, backward, clipping, AdamW) per regime, the fp32 eager step against its
+faster variants (bf16 autocast, ...), side by side in one run.
 
-The model and a batch come from `phasefix.fit`'s own config (any overrides, e.g. an experiment), so the step is the
-one a run trains: `CompressedQwen3` on the CPU path, `next_token_loss`, AdamW. Each repeat times the eager step then
-the compiled step back to back (two copies of the same initial model) and the reported ratio is the median of the
-per-repeat ratios; the compiled model's first steps (its compile) are timed apart and reported as the one-off cost.
+The model and a batch come from `phasefix.fit`'s own config with the regime's overrides (plain key=value lists
+below, so that the script does not depend on the config group's name), so the step is the one a run trains:
+`CompressedQwen3` on the CPU path, `next_token_loss`, AdamW. Each repeat times every variant back to back (each its
+own copy of the same initial model and optimizer), the per-repeat ratio to fp32 is taken, and the medians are
+reported: on a shared machine only such interleaved ratios are meaningful, timed in process CPU time by default
+(`--clock cpu`, with one thread: what the step costs a core, not how long it waited for one).
 
-    python benchmarks/train_step_cpu.py regime=records64 model.head_dim=64 model.window=9 --threads 1
-    python benchmarks/train_step_cpu.py --steps 5 --repeats 5          # the CPU default (W4/S4 tiny)
-    python benchmarks/train_step_cpu.py regime=records64 --profile  # where one eager step's time goes
+Per regime and variant: s/step, training tokens/s per core (batch x tokens / s / threads), the ratio to fp32, the
+loss after the timed steps (the variants agree to bf16 rounding), the step split, and the achieved matmul GFLOP/s
+(flops of mm/bmm forward and backward, torch.utils.flop_counter) against this machine's fp32 and bf16 matmul peaks,
+measured in the same run on the regime's largest projection shape. The split times each part alone, forward and
+backward, on the inputs one step hands it: projections (every nn.Linear), compressor (pooling, gates, token
+shift), attention (the compressed-attention call), loss, optimizer (clip + AdamW), data (one batch from the
+training set); `rest` is the step minus these (norms, rotary, residuals, activations, embedding).
+
+    python benchmarks/train_step_cpu.py                                   # every regime, fp32 vs bf16, 1 thread
+    python benchmarks/train_step_cpu.py --regimes coverage_w8s8 --repeats 7 --markdown
+    python benchmarks/train_step_cpu.py --regimes records64 --profile     # where one step's time goes (bf16)
 
 Figures and the machine they came from: docs/performance.md, "Training step on the CPU".
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import datetime
 import json
 import platform
 import statistics
+import subprocess
 import time
 
 import torch
+
+# The regimes of the headline (conf/regime/<name>.yaml, formerly conf/experiment/): the keys that shape the step.
+REGIMES = {
+    "default": [],
+    "coverage_w8s8": ["model.stride=8", "model.window=8", "model.num_heads=2", "model.num_kv_heads=2",
+                      "model.head_dim=64", "model.local_memory=window", "model.local_window=16",
+                      "model.payload_init=shared", "model.vocab_size=160", "data.num_records=32", "data.num_keys=64",
+                      "data.num_values=64", "data.in_sequence_prob=0.0", "data.max_prefix_pad=47"],
+    "w8s8": ["model.stride=8", "model.window=8", "model.payload_init=shared", "data.num_demos=8"],
+    "records64": ["model.stride=8", "model.window=8", "model.payload_init=shared", "model.vocab_size=160",
+                  "data.num_records=64", "data.num_keys=64", "data.num_values=64", "data.num_demos=48",
+                  "data.max_prefix_pad=23"],
+    "lm_mix_w4s4": ["data=lm_mix", "model.payload_init=shared", "model.vocab_size=384"],
+}
+
+# name -> (autocast dtype (None: float32), torch.compile (inductor) or eager); fp32 eager is the baseline
+VARIANTS = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "bf16_compile": (torch.bfloat16, True)}
 
 
 def build(overrides: list[str], seed: int):
@@ -39,79 +69,250 @@ def build(overrides: list[str], seed: int):
     ds = train_stages(p["data"], seed)[0][1].with_format("torch")
     batch = ds[: cfg.trainer.batch_size]
     optim = OmegaConf.to_container(cfg.optim, resolve=True)
-    return model, batch, optim, cfg
+    text_start = p["data"].text_loss["text_label_start"] if hasattr(p["data"], "text_loss") else None
+    return model, batch, optim, cfg, ds, text_start
 
 
-def stepper(model, batch, optim):
+def autocast(dtype):
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def stepper(model, batch, optim, dtype, text_start=None):
     from phasefix.module import next_token_loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=optim["lr"], betas=tuple(optim["betas"]),
                             weight_decay=optim["weight_decay"])
 
     def step() -> float:
-        logits = model(batch["input_ids"])
-        loss, _ = next_token_loss(logits, batch["labels"])
+        with autocast(dtype):
+            logits = model(batch["input_ids"])
+            loss, _ = next_token_loss(logits, batch["labels"], text_start)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return float(loss)
 
+    step.opt = opt
     return step
 
 
+CLOCK = time.process_time  # CPU seconds of this process: on a shared machine wall time measures the neighbours
+
+
 def timed(step, n: int) -> float:
-    t = time.perf_counter()
+    t = CLOCK()
     for _ in range(n):
         step()
-    return (time.perf_counter() - t) / n
+    return (CLOCK() - t) / n
+
+
+def matmul_peak(m: int, k: int, n: int, dtype, reps: int = 5) -> float:
+    """GFLOP/s of one [m, k] @ [k, n] matmul in `dtype` (best of reps; the shape of a projection)."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    a @ b
+    best = min(timed(lambda: a @ b, 3) for _ in range(reps))
+    return 2 * m * k * n / best / 1e9
+
+
+def step_flops(step) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        step()
+    return fc.get_total_flops()
+
+
+def split(model, batch, dtype, ds, text_start, reps: int = 3) -> dict:
+    """Seconds per part of one step: each part's forward and backward alone on the inputs a step hands it."""
+    from phasefix.model import qwen3
+    from phasefix.module import next_token_loss
+
+    calls = {"projections": [], "compressor": [], "attention": []}
+    hooks = []
+    for mod in model.modules():
+        kind = "projections" if isinstance(mod, torch.nn.Linear) else "compressor" \
+            if isinstance(mod, qwen3.Compressor) else None
+        if kind:
+            hooks.append(mod.register_forward_hook(
+                lambda m, args, out, kind=kind: calls[kind].append((m, [a.detach() if torch.is_tensor(a) else a
+                                                                         for a in args]))))
+    real = qwen3.compression.by_grid_offset
+
+    def spy(fn, *args, **kw):
+        calls["attention"].append((None, ([a.detach() if torch.is_tensor(a) else a for a in args], kw)))
+        return real(fn, *args, **kw)
+
+    qwen3.compression.by_grid_offset = spy
+    try:
+        with autocast(dtype):
+            logits = model(batch["input_ids"])
+    finally:
+        qwen3.compression.by_grid_offset = real
+        for h in hooks:
+            h.remove()
+    from phasefix import kernels
+
+    attn = kernels.ops(model.config.attn_impl, "cpu").compressed_attention
+
+    def fwd_bwd(fn):
+        with autocast(dtype):
+            out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().sum().backward() if out.requires_grad else None
+
+    def part(kind):
+        def run():
+            for m, args in calls[kind]:
+                if kind == "attention":
+                    a, kw = args
+                    a = [x.requires_grad_() if torch.is_tensor(x) and x.is_floating_point() else x for x in a]
+                    fwd_bwd(lambda: real(attn, *a, **kw))
+                elif kind == "compressor":
+                    x = args[0].requires_grad_()
+                    fwd_bwd(lambda: m(x, args[1]) if len(args) > 1 else m(x))
+                else:
+                    x = args[0].requires_grad_()
+                    fwd_bwd(lambda: m(x))
+        return run
+
+    def loss_part():
+        lg = logits.detach().requires_grad_()
+        with autocast(dtype):
+            loss, _ = next_token_loss(lg, batch["labels"], text_start)
+        loss.backward()
+
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = torch.optim.AdamW(params, lr=1e-9)
+
+    def optim_part():
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    idx = torch.randperm(len(ds))[: batch["input_ids"].shape[0]].tolist()
+    parts = {k: part(k) for k in calls} | {"loss": loss_part, "optimizer": optim_part, "data": lambda: ds[idx]}
+    out = {}
+    for name, fn in parts.items():
+        fn()
+        out[name] = statistics.median(timed(fn, 1) for _ in range(reps))
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def cpu_info() -> dict:
+    from phasefix.precision import cpu_bf16_flags
+
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    simd = [f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma"))]
+    load = open("/proc/loadavg").read().split()[:3] if platform.system() == "Linux" else []
+    return {"cpu": model, "bf16_matmul_flags": cpu_bf16_flags(), "simd_flags": simd,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_average": load}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("overrides", nargs="*", help="phasefix.fit overrides (Hydra syntax)")
-    ap.add_argument("--steps", type=int, default=3, help="steps per timing")
+    ap.add_argument("overrides", nargs="*", help="extra phasefix.fit overrides for every regime (Hydra syntax)")
+    ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    ap.add_argument("--variants", nargs="+", default=["fp32", "bf16"], choices=list(VARIANTS),
+                    help="the first is the baseline of the ratios (compiled variants: their compile is timed apart)")
+    ap.add_argument("--steps", type=int, default=2, help="steps per timing")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2, help="compiled steps before timing (the compile itself)")
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", action="store_true", help="instead: profile one eager step (torch.profiler)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: process CPU time (the default: steady on a shared machine, with --threads 1); wall")
+    ap.add_argument("--no-split", action="store_true", help="skip the step split")
+    ap.add_argument("--profile", action="store_true", help="instead: profile one step per variant (torch.profiler)")
+    ap.add_argument("--markdown", action="store_true", help="also print the docs/performance.md table")
+    ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, batch, optim, cfg = build(args.overrides, args.seed)
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    info = {"commit": commit, "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": platform.node(), "torch": torch.__version__, "threads": args.threads, "clock": args.clock,
+            **cpu_info()}
+    print(json.dumps(info), flush=True)
+    results = []
+    for regime in args.regimes:
+        model, batch, optim, cfg, ds, text_start = build(REGIMES[regime] + args.overrides, args.seed)
+        B, T = batch["input_ids"].shape
+        steps = {}
+        for v in args.variants:
+            m = copy.deepcopy(model)
+            if VARIANTS[v][1]:
+                m.compile()
+            steps[v] = stepper(m, batch, optim, VARIANTS[v][0], text_start)
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
 
-        step = stepper(model, batch, optim)
-        step()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
-        return
-    compiled = copy.deepcopy(model)
-    compiled.compile()
-    eager_step, compiled_step = stepper(model, batch, optim), stepper(compiled, batch, optim)
-    t = time.perf_counter()
-    for _ in range(args.warmup):
-        compiled_step()
-    compile_s = time.perf_counter() - t
-    for _ in range(args.warmup):  # as many eager steps: both models have taken the same updates
-        eager_step()
-    # the same initial weights, batch and updates: the two losses agree to fp32 rounding
-    eager_loss, compiled_loss = eager_step(), compiled_step()
-    ratios, eager_t, compiled_t = [], [], []
-    for _ in range(args.repeats):
-        e, c = timed(eager_step, args.steps), timed(compiled_step, args.steps)
-        eager_t.append(e), compiled_t.append(c), ratios.append(e / c)
-    shape = tuple(batch["input_ids"].shape)
-    print(json.dumps({
-        "overrides": args.overrides, "batch": shape, "threads": args.threads, "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.node(),
-        "eager_s_per_step": round(statistics.median(eager_t), 4),
-        "compiled_s_per_step": round(statistics.median(compiled_t), 4),
-        "speedup_median": round(statistics.median(ratios), 3), "speedups": [round(r, 3) for r in ratios],
-        "compile_s": round(compile_s, 1), "loss_eager": round(eager_loss, 5), "loss_compiled": round(compiled_loss, 5),
-    }, indent=1))
+            for v, step in steps.items():
+                step()
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    step()
+                print(f"== {regime} {v}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+            continue
+        C = model.config.hidden_size
+        peaks = {"fp32": matmul_peak(B * T, C, model.config.intermediate_size, torch.float32),
+                 "bf16": matmul_peak(B * T, C, model.config.intermediate_size, torch.bfloat16)}
+        flops = step_flops(stepper(copy.deepcopy(model), batch, optim, None, text_start))
+        warm = {}
+        for v, step in steps.items():
+            t = time.perf_counter()
+            for _ in range(args.warmup + any(VARIANTS[u][1] for u in steps)):  # compiled: one more (its compile)
+                step()
+            warm[v] = time.perf_counter() - t
+        times = {v: [] for v in steps}
+        for _ in range(args.repeats):
+            for v, step in steps.items():
+                times[v].append(timed(step, args.steps))
+        losses = {v: round(step(), 5) for v, step in steps.items()}
+        base = args.variants[0]
+        for v in steps:
+            s = statistics.median(times[v])
+            row = {"regime": regime, "variant": v, "batch": [B, T], "s_per_step": round(s, 4),
+                   "tokens_per_s_per_core": round(B * T / s / args.threads),
+                   "speedup_median": round(statistics.median(b / x for b, x in zip(times[base], times[v])), 3),
+                   "speedups": [round(b / x, 3) for b, x in zip(times[base], times[v])],
+                   "loss_after": losses[v], "warmup_wall_s": round(warm[v], 1), "matmul_gflop_per_step": round(flops / 1e9, 2),
+                   "achieved_gflops": round(flops / s / 1e9, 1),
+                   "peak_gflops": {k: round(p, 1) for k, p in peaks.items()},
+                   "peak_shape": [B * T, C, model.config.intermediate_size]}
+            if not args.no_split and not VARIANTS[v][1]:
+                parts = split(copy.deepcopy(model), batch, VARIANTS[v][0], ds, text_start)
+                parts["rest"] = max(0.0, s - sum(parts.values()))
+                row["split_s"] = {k: round(x, 4) for k, x in parts.items()}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"info": info, "args": vars(args), "results": results}, f, indent=1)
+    if args.markdown and results:
+        print(markdown(info, results))
+
+
+def markdown(info: dict, results: list[dict]) -> str:
+    parts = [k for k in results[0].get("split_s", {})]
+    head = ["regime", "variant", "batch x tokens", "s/step", "tokens/s/core", "speedup (median; per repeat)",
+            "loss after", "matmul GFLOP/s (fp32 / bf16 peak)"] + [f"{p} %" for p in parts]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        sp = r.get("split_s", {})
+        tot = sum(sp.values()) or 1
+        sp = sp or {p: float("nan") for p in parts}
+        lines.append("| " + " | ".join([
+            r["regime"], r["variant"], f"{r['batch'][0]} x {r['batch'][1]}", f"{r['s_per_step']:.3f}",
+            f"{r['tokens_per_s_per_core']:,}",
+            f"**{r['speedup_median']:.2f}** ({', '.join(f'{x:.2f}' for x in r['speedups'])})", f"{r['loss_after']:.4f}",
+            f"{r['achieved_gflops']:.0f} ({r['peak_gflops']['fp32']:.0f} / {r['peak_gflops']['bf16']:.0f})"]
+            + [f"{100 * sp[p] / tot:.0f}" for p in parts]) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from phasefix.errors import ConfigError, check, check_choice
 from phasefix.model.config import ModelConfig
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "64-true", "bf16-true", "16-true")  # auto: phasefix.precision
 
 
 @dataclass
@@ -26,7 +27,7 @@ class TrainerConfig:
     accelerator: str = "cpu"
     devices: int = 1
     strategy: str = "auto"
-    precision: str = "32-true"
+    precision: str = "auto"
     num_threads: int = 2
     max_steps: int = 800
     batch_size: int = 64
@@ -288,6 +289,7 @@ register_configs()
 
 def validate_trainer(t: TrainerConfig | DictConfig) -> None:
     check_choice("trainer.accelerator", t.accelerator, ACCELERATORS)
+    check_choice("trainer.precision", t.precision, PRECISIONS)
     for key in ("devices", "max_steps", "batch_size", "val_every_n_steps", "checkpoint_every_n_steps",
                 "log_every_n_steps", "num_threads"):
         check(getattr(t, key) >= 1, f"trainer.{key}", getattr(t, key), "must be >= 1")

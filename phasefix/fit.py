@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from phasefix import config as C
 from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
 from phasefix.errors import ConfigError, check
+from phasefix.precision import resolve_precision
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -188,6 +189,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     resolved = C.to_container(cfg)
 
     torch.set_num_threads(cfg.trainer.num_threads)
+    precision, precision_why = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: by the CPU
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     t_start = time.time()
 
@@ -219,6 +221,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
     resume_ckpt = (source or run).checkpoint() if resuming else None
+    tracking.set_tags(c, run_id, {"precision": precision, "precision_reason": precision_why})
 
     trainer = None
     # the layout Run.checkpoint reads; "last" is also the name Lightning's save_last writes (PeriodicCheckpoint)
@@ -254,7 +257,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             ]
             trainer = L.Trainer(
                 accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, strategy=cfg.trainer.strategy,
-                precision=cfg.trainer.precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
+                precision=precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
                 gradient_clip_val=cfg.trainer.gradient_clip_val, val_check_interval=cfg.trainer.val_every_n_steps,
                 check_val_every_n_epoch=None, log_every_n_steps=cfg.trainer.log_every_n_steps,
                 deterministic=cfg.trainer.deterministic, enable_progress_bar=bool(cfg.trainer.progress_bar and verbose),
@@ -281,6 +284,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
             summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
                            figure=tracking.artifact_path(c, run_id, "phase_curves.png"))
+            summary["precision"] = {"used": precision, "why": precision_why}
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)

@@ -17,6 +17,27 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def compute_dtype(*xs: torch.Tensor) -> torch.dtype:
+    """The dtype the attention computes in: autocast's (bf16 under `torch.autocast`) when it is on for these
+    tensors' device, else the inputs' common dtype. Everything inside then runs in that one dtype with autocast off
+    (matmul operands and accumulators match in the hand-written backward), the softmax and its row sums in float32."""
+    dev = xs[0].device.type
+    if torch.is_autocast_enabled(dev) and all(x.is_floating_point() and x.dtype != torch.float64 for x in xs):
+        return torch.get_autocast_dtype(dev)
+    dtype = xs[0].dtype
+    for x in xs[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return dtype
+
+
+def _bmm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out += a @ b in place (out may be float32 while a, b are half precision: then a float32 accumulator)."""
+    if out.dtype == a.dtype:
+        out.baddbmm_(a, b)
+    else:
+        out.add_(torch.bmm(a, b))
+
+
 RAW_CHUNK = 16  # queries per chunk of the local raw band (see `compressed_attention`)
 
 
@@ -57,6 +78,17 @@ def compressed_attention(
         return by_grid_offset(compressed_attention, q, k, v, k_cmp, v_cmp, grid_offset=grid_offset, stride=stride,
                               local_window=local_window, local_memory=local_memory, sink=sink, scale=scale,
                               query_block=query_block)
+    dtype = compute_dtype(q, k, v, k_cmp, v_cmp)
+    q, k, v, k_cmp, v_cmp = (x.to(dtype) for x in (q, k, v, k_cmp, v_cmp))
+    with torch.autocast(q.device.type, enabled=False):
+        return _compressed_attention(q, k, v, k_cmp, v_cmp, stride=stride, local_window=local_window,
+                                     local_memory=local_memory, sink=sink, scale=scale, grid_offset=grid_offset,
+                                     query_block=query_block)
+
+
+def _compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window, local_memory, sink, scale, grid_offset,
+                          query_block):
+    """`compressed_attention` for one grid offset, its inputs in one dtype, autocast off."""
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]
     G = H // HKV
@@ -127,10 +159,10 @@ class _JointSoftmax(torch.autograd.Function):
             if n0 < n:  # the staircase: entries that complete inside the block
                 late = torch.arange(n0, n, device=q.device) >= n_vis[t0:t1, None, None]  # [Tb, 1, n - n0]
                 ent[..., n0:].masked_fill_(late, float("-inf"))
-            parts = [ent, raw[:, :, t0:t1]]
+            parts = [_upcast(ent), _upcast(raw[:, :, t0:t1])]  # the softmax in float32 (bf16: its stats too)
             if sink is not None:
-                parts.insert(0, sink.to(ent.dtype).view(1, HKV, 1, G, 1).expand(B, HKV, Tb, G, 1))
-            p = torch.softmax(_upcast(torch.cat(parts, dim=-1)), dim=-1).to(vc.dtype)
+                parts.insert(0, sink.to(parts[0].dtype).view(1, HKV, 1, G, 1).expand(B, HKV, Tb, G, 1))
+            p = torch.softmax(torch.cat(parts, dim=-1), dim=-1).to(vc.dtype)
             p_e = p[..., -(n + R) : p.shape[-1] - R]
             out3[:, rows].baddbmm_(p_e.reshape(B * HKV, Tb * G, n), vc3[:, :n], beta=0)
             p_raw[:, :, t0:t1] = p[..., p.shape[-1] - R :]  # a copy: a view would keep every block's p alive
@@ -150,11 +182,13 @@ class _JointSoftmax(torch.autograd.Function):
         d_out, d_praw = d_out.contiguous(), d_praw.contiguous()
         q3, kc3, vc3 = q.view(B * HKV, Tp * G, D), kc.view(B * HKV, -1, D), vc.view(B * HKV, -1, D)
         do3 = d_out.view(B * HKV, Tp * G, D)
-        dq, dkc, dvc = torch.empty_like(q), torch.zeros_like(kc), torch.zeros_like(vc)  # dq: every row written once
+        acc = _upcast(q).dtype  # the entries' gradients accumulate over blocks in float32 (or float64)
+        dq = torch.empty_like(q)  # every row written once
+        dkc, dvc = torch.zeros_like(kc, dtype=acc), torch.zeros_like(vc, dtype=acc)
         dq3, dkc3, dvc3 = dq.view(B * HKV, Tp * G, D), dkc.view(B * HKV, -1, D), dvc.view(B * HKV, -1, D)
-        # rowsum(P * dP): the entries' part is rowsum(dO * O) (O being their output), plus the raw part
-        delta = ((d_out * out).sum(-1) + (p_raw * d_praw).sum(-1))[..., None]  # [B, HKV, Tp, G, 1]
-        d_raw = p_raw * (d_praw - delta)
+        # rowsum(P * dP), in float32: the entries' part is rowsum(dO * O) (O being their output), plus the raw part
+        delta = ((_upcast(d_out) * out).sum(-1) + (_upcast(p_raw) * d_praw).sum(-1))[..., None]  # [B, HKV, Tp, G, 1]
+        d_raw = (p_raw * (d_praw - delta)).to(q.dtype)
         d_sink = None
         if ctx.sink_dtype is not None:  # the sink's value is zero: dS = -P * delta
             p_sink = torch.cat([p[..., 0] for p in probs], dim=2)
@@ -162,9 +196,10 @@ class _JointSoftmax(torch.autograd.Function):
         for (t0, t1, _, n), p in reversed(list(zip(ctx.blocks, probs))):  # last first, as in forward
             Tb, rows = t1 - t0, slice(t0 * G, t1 * G)
             p_e = p[..., -(n + R) : p.shape[-1] - R].reshape(B * HKV, Tb * G, n)
-            ds = do3[:, rows] @ vc3[:, :n].transpose(1, 2)  # dP of the entries, then dS in place
+            ds = _upcast(do3[:, rows] @ vc3[:, :n].transpose(1, 2))  # dP of the entries, then dS in place (fp32)
             ds.view(B, HKV, Tb, G, n).sub_(delta[:, :, t0:t1]).mul_(p_e.view(B, HKV, Tb, G, n))
+            ds = ds.to(q.dtype)
             dq3[:, rows].baddbmm_(ds, kc3[:, :n], beta=0)
-            dkc3[:, :n].baddbmm_(ds.transpose(1, 2), q3[:, rows])
-            dvc3[:, :n].baddbmm_(p_e.transpose(1, 2), do3[:, rows])
-        return dq, dkc, dvc, d_raw, d_sink, None, None
+            _bmm_acc_(dkc3[:, :n], ds.transpose(1, 2), q3[:, rows])
+            _bmm_acc_(dvc3[:, :n], p_e.transpose(1, 2), do3[:, rows])
+        return dq, dkc.to(kc.dtype), dvc.to(vc.dtype), d_raw, d_sink, None, None

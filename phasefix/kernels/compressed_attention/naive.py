@@ -1,8 +1,9 @@
 """Compressed attention (science.md §2), naive: the readable reference (fla's `naive.py` beside the fast ops).
 
 It builds the full [T, T + N] visibility mask from the definitions (not from `phasefix.kernels.window_grid`'s
-helpers, so that it checks them too), uses one dense masked softmax and never downcasts float64: in float64 it is
-the ground truth the tests hold `blocked` and `triton` to. Memory is O(T^2): for tests and small checks
+helpers, so that it checks them too), uses one dense masked softmax in float32 for half-precision inputs (autocast
+off inside, so also under bf16 autocast) and never downcasts float64: in float64 it is the ground truth the tests hold
+`blocked` and `triton` to. Memory is O(T^2): for tests and small checks
 (`model.attn_impl=naive`). Torch only (no phasefix import).
 """
 from __future__ import annotations
@@ -37,6 +38,12 @@ def compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window=16, loca
     Raw keys of query t: (t-L, t] ("window") or the tokens no visible entry covers ("tail"). `query_block` is
     accepted for signature parity and ignored.
     grid_offset: one int, or one per KV head (each KV head and its query heads then see their own grid)."""
+    with torch.autocast(q.device.type, enabled=False):  # float32 (float64) as written, also under autocast
+        return _compressed_attention(q, k, v, k_cmp, v_cmp, stride=stride, local_window=local_window,
+                                     local_memory=local_memory, sink=sink, scale=scale, grid_offset=grid_offset)
+
+
+def _compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window, local_memory, sink, scale, grid_offset):
     B, T, H, D = q.shape
     HKV, N = k.shape[2], k_cmp.shape[1]
     G = H // HKV
