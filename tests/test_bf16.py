@@ -17,7 +17,7 @@ import torch
 
 from phasefix import precision
 from phasefix.kernels.compressed_attention import blocked, naive
-from phasefix.model import compression as grid
+from phasefix.kernels import window_grid as grid
 
 ATTN_TOL, LOSS_TOL, GRAD_TOL = 1.5e-2, 1e-2, 6e-2
 bf16_autocast = torch.autocast("cpu", dtype=torch.bfloat16)
