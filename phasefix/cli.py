@@ -39,6 +39,12 @@ def compose(overrides: Sequence[str] = (), config_name: str = "fit", hydra_confi
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
+    for o in overrides if config_name == "fit" else ():
+        key, _, value = o.lstrip("+~").partition("=")
+        if key == "experiment":  # the group before conf/regime and conf/arm: Hydra would add it as a plain key
+            regimes = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml"))
+            raise ConfigError(f"experiment={value} is invalid: the presets are regimes now, regime=NAME (no +): "
+                              f"allowed values are {', '.join(regimes)}; arms: arm=NAME (conf/arm)")
     GlobalHydra.instance().clear()
     try:
         if config_name in SCHEMAS:
@@ -98,10 +104,6 @@ def one_line_error(e: Exception, overrides: Sequence[str], config_name: str) -> 
     if isinstance(e, MissingConfigException):
         for o in overrides:
             key, _, value = o.lstrip("+~").partition("=")
-            if key == "experiment" and config_name == "fit":  # the group before conf/regime and conf/arm
-                regimes = sorted(p.stem for p in (CONF_DIR / "regime").glob("*.yaml"))
-                return (f"experiment={value} is invalid: the presets are regimes now, regime=NAME (no +): "
-                        f"allowed values are {', '.join(regimes)}; arms: arm=NAME (conf/arm)")
             group_dir = CONF_DIR / key
             if group_dir.is_dir():
                 allowed = sorted(p.stem for p in group_dir.glob("*.yaml"))
