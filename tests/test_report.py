@@ -288,11 +288,11 @@ def test_a_recorded_command_gives_the_shell_back_the_same_overrides_and_the_tag_
 
     from phasefix.cli import compose
 
-    args = ["+experiment=lm_mix_w4s4", "eval.paddings=[prefix,in_sequence]", "output_dir='/tmp/a b'",
+    args = ["regime=lm_mix_w4s4", "eval.paddings=[prefix,in_sequence]", "output_dir='/tmp/a b'",
             "run_name='x-t3'", 'logger.tracking_uri="sqlite:///tmp/m.db"', "+logger.tags.note='cost $5'",
             "~logger.tags", "seed=1"]
     cmd = tracking.shell_command("fit", args)
-    assert cmd.startswith("python -m phasefix.fit +experiment=lm_mix_w4s4 \"eval.paddings=[prefix,in_sequence]\" ")
+    assert cmd.startswith("python -m phasefix.fit regime=lm_mix_w4s4 \"eval.paddings=[prefix,in_sequence]\" ")
     assert shlex.split(cmd) == ["python", "-m", "phasefix.fit", *args]
     fit_args = args[:5] + ["seed=1"]
     cfg = compose([*fit_args, tracking.command_override(fit_args)])
