@@ -30,14 +30,12 @@ def grid_spec(comp: Comparison, grid: list[Cell], stage: str = ""):
 def run_grid(comp: Comparison, grid: list[Cell], stage: str, workers: int, fit_fn) -> tuple[int, dict]:
     """Run the cells' study to its end; (exit code, {cell name: its trial's metrics})."""
     from phasefix.study import runs
-    from phasefix.study.runner import open_or_import, requeue_interrupted, run_worker, spawn_workers
+    from phasefix.study.runner import open_for_run, run_worker, spawn_workers
     from phasefix.study.report import counts
 
     spec = grid_spec(comp, grid, stage)
     url = spec.storage_url()
-    study = open_or_import(spec, url, None)
-    runs.ensure_parent_run(spec, study, url)
-    requeue_interrupted(spec, study)
+    study = open_for_run(spec, url)
     n = counts(study)
     print(f"[comparison] {spec.name}: {len(grid)} cells, {n['COMPLETE']} finished in {runs.redact(url)}; "
           f"{workers} worker(s)", flush=True)

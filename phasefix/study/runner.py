@@ -341,6 +341,14 @@ def open_or_import(spec: StudySpec, url: str, import_from: str | Path | None = N
     return study
 
 
+def open_for_run(spec: StudySpec, url: str, import_from: str | Path | None = None):
+    """The study ready for workers: opened (or imported), its MLflow parent run there, interrupted trials re-queued."""
+    study = open_or_import(spec, url, import_from)
+    runs.ensure_parent_run(spec, study, url)
+    requeue_interrupted(spec, study)
+    return study
+
+
 def serve_dashboard(path: str | Path, port: int, storage: str | None = None,
                     import_from: str | Path | None = None) -> int:
     """optuna-dashboard for the study on 127.0.0.1:<port> until Ctrl-C: its storage as it is, or, when the storage
@@ -380,9 +388,7 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     if report_only:
         return {**report(spec, load_study(spec, url), url), "rc": 0}
     validate(spec)
-    study = open_or_import(spec, url, import_from)
-    runs.ensure_parent_run(spec, study, url)
-    requeue_interrupted(spec, study)
+    study = open_for_run(spec, url, import_from)
     n = counts(study)
     print(f"[study] {spec.name}: {runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "
           f"{workers} worker(s); MLflow parent run {study.user_attrs.get(runs.PARENT_ATTR)}", flush=True)
