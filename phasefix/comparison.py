@@ -162,7 +162,8 @@ def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), ta
     """One row per (regime, arm, padding) over `members` (`run_members` of this report's runs, and committed runs
     from `read_members` pooled with them as more seeds). `joined`: committed rows (`read_table`) of other arms of
     these regimes, kept as they are; their baseline's mean is the goal's bar where the members have no baseline.
-    `table`: the folder the new rows name (a joined report). Baseline rows come first in each regime."""
+    `table`: the folder the new rows name (a joined report); a row whose runs all come from one committed folder
+    names that folder. Baseline rows come first in each regime."""
     groups = _groups(members)
     base_mean = baseline_means(members, joined)
     out = []
@@ -181,7 +182,9 @@ def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), ta
             row[k] = members[0].get(k, math.nan)
         lm0 = base_mean.get((regime, pad, "lm"), math.nan)
         row["lm_loss_change"] = (row["lm_loss"] / lm0 - 1.0) if lm0 and not math.isnan(lm0) else math.nan
-        out.append({**row, "table": table} if table else row)
+        own = {m.get("table") or table for m in members}  # runs all pooled from one committed folder: that one
+        where = own.pop() if len(own) == 1 else table
+        out.append({**row, "table": where} if where else row)
     return sorted(out + list(joined), key=lambda r: (r["regime"], r["arm"] != BASELINE_ARM, r["arm"], r["padding"]))
 
 

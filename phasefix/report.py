@@ -36,6 +36,8 @@ quote of `out`, or an unclosed quote, is refused before anything is written.
 machine): the runs of the selected runs' regimes in DIR's `decisive_runs.csv` are pooled with them as more seeds,
 and an arm DIR has only as a `decisive.csv` row (older tables) is carried as it is, each row naming its table; a
 new arm is judged against the committed baseline's mean where the selection has no baseline run of its regime.
+`join_regimes=R,...` takes these regimes from the folders as well, with or without new runs (a comparison file's
+tables: every regime it names); a row naming another joined folder as its table is taken from that folder.
 
 Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix)
 whose tags match all `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The
@@ -69,8 +71,8 @@ KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
-OPTIONS = ("experiment", "runs", "tables", "join", "into", "kind", "tracking_uri", "out", "log", "verbose",
-           "experiment_name", "results")
+OPTIONS = ("experiment", "runs", "tables", "join", "join_regimes", "into", "kind", "tracking_uri", "out", "log",
+           "verbose", "experiment_name", "results")
 
 
 @dataclass
@@ -81,6 +83,7 @@ class ReportConfig:
     kind: list[str] = field(default_factory=lambda: list(KINDS))
     tables: list[str] = field(default_factory=list)  # committed report folders (`DIR` or `DIR:REGIME+REGIME`): headline
     join: list[str] = field(default_factory=list)  # committed report folders whose regimes the new runs extend
+    join_regimes: list[str] = field(default_factory=list)  # with join=: these regimes too (a comparison's every one)
     into: str | None = None  # a document whose quotes of files in `out` are rewritten with them (needs out=)
     results: str | None = None  # write the results page (docs/results.md) from the committed tables: phasefix.results
     tracking_uri: str | None = None
@@ -110,7 +113,7 @@ def shim(argv: Sequence[str]) -> list[str]:
         check_choice("option", bare, OPTIONS + ("tag.KEY",))
         if bare == "experiment":
             bare = "experiment_name"
-        if bare in ("runs", "kind", "tables", "join") and not value.startswith("["):
+        if bare in ("runs", "kind", "tables", "join", "join_regimes") and not value.startswith("["):
             value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
         elif bare in ("experiment_name", "tracking_uri", "out", "into", "results") and not value.startswith(("'", '"')):
             value = quoted(value)
@@ -134,6 +137,8 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
     check(not (cfg.tables and (cfg.runs or cfg.tag or cfg.experiment_name)), "tables", ",".join(cfg.tables),
           "builds the headline from committed tables, not from MLflow: drop runs=, experiment= and tag.*")
     check(not (cfg.tables and cfg.join), "join", ",".join(cfg.join), "extends a report of MLflow runs: drop tables=")
+    check(not (cfg.join_regimes and not cfg.join), "join_regimes", ",".join(cfg.join_regimes),
+          "names the regimes to take from the join= folders: add join=")
     if cfg.into:
         check(bool(cfg.out), "into", str(cfg.into), "rewrites the document's quotes of the files in out=: add out=")
         check(any(inside(path, Path(cfg.out)) for path, _, _ in quotes(Path(cfg.into))), "into", str(cfg.into),
@@ -379,7 +384,7 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     sources = rescored_sources(c, runs)
     facts = regime_facts(c, runs, sources)
     joined, pooled = joined_rows(list(cfg.join), {(f["regime"], f["arm"]) for f in facts.values()},
-                                 {r.info.run_id for r in runs}) if cfg.join else ([], [])
+                                 {r.info.run_id for r in runs}, list(cfg.join_regimes)) if cfg.join else ([], [])
 
     out = out_dir(opts["out"])
     out.mkdir(parents=True, exist_ok=True)

@@ -31,13 +31,18 @@ def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> No
             w.writerow({k: fmt(row.get(k, ""), 0 if k == "period_detected" else 6) for k in columns})
 
 
-def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
-                selected: set[str]) -> tuple[list[dict], list[dict]]:
+def same_folder(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: set[str],
+                regimes: Sequence[str] = ()) -> tuple[list[dict], list[dict]]:
     """What the committed report folders `specs` hold of the regimes in `tagged` {(regime, arm)} of the selected runs
-    (ids `selected`): (aggregate rows of arms kept as they are, runs to pool as more seeds). A folder's runs come from
-    its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written before that file) joins as
-    that row, so no new run may be of that arm. Checked before anything is written."""
-    regimes, rows, members, taken = {r for r, _ in tagged}, [], [], {}
+    (ids `selected`), and of `regimes` too: (aggregate rows of arms kept as they are, runs to pool as more seeds). A
+    folder's runs come from its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written
+    before that file) joins as that row, so no new run may be of that arm; a row that names another of the joined
+    folders as its table is left to that folder. Checked before anything is written."""
+    regimes, rows, members, taken = {r for r, _ in tagged} | set(regimes), [], [], {}
     for folder in specs:
         path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
         check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
@@ -45,7 +50,9 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]],
                 if m["regime"] in regimes]
         pooled = {(m["regime"], m["arm"]) for m in runs}
         got = [r for r in comparison.read_table(path)
-               if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled]
+               if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled
+               and not any(r.get("table") and same_folder(r["table"], other) and not same_folder(other, folder)
+                           for other in specs)]
         check(bool(got or runs), "join", folder,
               f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
         for m in runs:

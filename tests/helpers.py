@@ -1,11 +1,13 @@
-"""What several test files share: the seconds-long fit overrides, the one-thread pin, the cache-dir swap and the
-tiny byte-level tokenizer (the fixtures `one_thread` and `cache_dir` are in conftest.py)."""
+"""What several test files share: the seconds-long fit overrides, the one-thread pin, the cache-dir swap, the
+tiny byte-level tokenizer, synthetic phase results and committed report folders (the fixtures `one_thread` and
+`cache_dir` are in conftest.py)."""
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # Seconds-long fits: conf/trainer/fast.yaml (24 steps of 16 sequences, small sets).
@@ -57,3 +59,38 @@ def tiny_tokenizer(corpus: list[str], vocab_size: int):
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                         show_progress=False))
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+PERIOD = 24
+
+
+def phase_result(seed: int, base: float, dip: float) -> dict:
+    """PhaseAccuracy.compute() on synthetic outcomes: accuracy `base`, `dip` lower at residues 3 mod 4."""
+    from phasefix.metrics import PhaseAccuracy
+
+    rng = np.random.default_rng(seed)
+    residue = np.repeat(np.arange(PERIOD), 40)
+    p = np.where(residue % 4 == 3, base - dip, base)
+    metric = PhaseAccuracy(PERIOD, fold_stride=4, n_boot=50)
+    metric.update(torch.from_numpy(rng.random(residue.size) < p), torch.from_numpy(residue),
+                  torch.from_numpy(np.tile(np.arange(40), PERIOD)))
+    return metric.compute()
+
+
+def committed_table(folder: Path, rows) -> Path:
+    """A committed report folder holding only a decisive.csv (a table written before decisive_runs.csv): one row per
+    (regime, arm, seeds learned, goal met, mean, worst) and padding."""
+    import math
+
+    from phasefix import comparison
+    from phasefix.tables import write_csv
+
+    folder.mkdir()
+    full = [{"acc_mean_sd": math.nan, "acc_worst_sd": math.nan, "worst_excl_boundary": r[5], "acc_gap": r[4] - r[5],
+             "period": 4.0, "train_seconds": 10.0, "compressor_flops_per_token": 33792.0,
+             "cache_entries_per_token": 1.0, "lm_loss": math.nan, "lm_loss_change": math.nan,
+             "regime": r[0], "arm": r[1], "padding": p, "seeds": 3, "learned": r[2], "acc_mean": r[4],
+             "acc_worst": r[5], "goal_met": r[3], "run_ids": f"{r[1][:4]}0000"}
+            for r in rows for p in ("in_sequence", "prefix")]
+    write_csv(folder / "decisive.csv", full, comparison.COLUMNS)
+    return folder

@@ -109,3 +109,80 @@ def test_then_seeds_go_only_to_arms_that_learned_and_are_not_below_the_baseline(
                                       "baseline/s1", "spread/s1"])
     assert res["stopped"] == {("default", "shift_spread"): "mean below the unmitigated mean",
                               ("default", "gate_diversity"): "did not learn on its first seed(s)"}
+
+
+def test_a_comparisons_tables_join_its_regimes_committed_folders_on_any_store(tmp_path, monkeypatch):
+    """A comparison of one new arm (flat at 0.95) in a regime whose baseline (mean 0.90) is only a committed table
+    row: its table carries that row (naming its folder) and judges the arm against it. On the next machine (an empty
+    store) the first seed is found in the comparison's own committed tables, only the second one trains, and the
+    table pools both seeds with the baseline row again."""
+    from helpers import committed_table, phase_result
+    from phasefix.tables import write_csv
+
+    monkeypatch.chdir(tmp_path)  # the tables name folders relative to the working directory
+    base = committed_table(tmp_path / "base", [("default", "baseline", 3, 0, 0.90, 0.20)])
+    write_csv(base / "comparison.csv", [], ("run_id",))  # a table folder's runs (none here: rows only)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(f"name: tiny\nbase: [trainer.progress_bar=false]\nseeds: [0]\nout: {tmp_path / 'out'}\n"
+                    f"regimes:\n  default:\n    arms: [spread]\n    table: [{base}]\n")
+    trained = []
+
+    def fake_fit(uri):
+        def fit(cfg, callbacks=()):
+            trained.append(cfg.seed)
+            c = tracking.client(uri)
+            run_id = tracking.create_run(c, "phasefix", f"spread-s{cfg.seed}", tags={
+                "phasefix.kind": "fit", "comparison": "tiny", "regime": cfg.regime, "arm": cfg.arm})
+            tracking.log_params(c, run_id, C.to_container(cfg))
+            for pad in ("prefix", "in_sequence"):
+                tracking.log_phase_result(c, run_id, pad, phase_result(cfg.seed, 0.95, 0.0))
+            c.set_terminated(run_id, "FINISHED")
+            return {"prefix": {"acc_mean": 0.95, "acc_worst": 0.95}, "mlflow_run_id": run_id}
+        return fit
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert run_comparison(spec, fit_fn=fake_fit(uri), tracking_uri=uri)["rc"] == 0
+    rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
+    assert set(rows) == {(a, p) for a in ("baseline", "spread") for p in ("prefix", "in_sequence")}
+    assert rows[("baseline", "prefix")]["table"] == "base" and rows[("baseline", "prefix")]["acc_mean"] == "0.900000"
+    assert rows[("spread", "prefix")]["table"] == "out" and rows[("spread", "prefix")]["goal_met"] == "1"
+    again = run_comparison(spec, fit_fn=fake_fit(uri), tracking_uri=uri, out=tmp_path / "again", report_only=True)
+    written = read_rows(tmp_path / "out" / "decisive.csv")
+    assert again["cells"] == 0 and read_rows(tmp_path / "again" / "decisive.csv") == [
+        {**r, "table": "again" if r["table"] == "out" else r["table"]} for r in written]
+
+    # the next machine: an empty store, the comparison grown to two seeds, its own tables listed as committed runs
+    spec.write_text(spec.read_text().replace("seeds: [0]", "seeds: [0, 1]").replace(f"[{base}]",
+                                                                                    f"[{base}, {tmp_path / 'out'}]"))
+    trained.clear()
+    uri2 = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert run_comparison(spec, fit_fn=fake_fit(uri2), tracking_uri=uri2,
+                          storage=f"sqlite:///{tmp_path / 'fresh-study.db'}")["rc"] == 0
+    assert trained == [1]
+    rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
+    assert rows[("baseline", "prefix")]["table"] == "base"
+    assert rows[("spread", "prefix")]["seeds"] == "2" and rows[("spread", "prefix")]["goal_met"] == "2"
+
+
+def read_rows(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_only_runs_a_slice_of_the_comparison_with_its_baseline(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = tmp_path / "three.yaml"
+    spec.write_text("name: three\nseeds: [0]\nregimes:\n  default:\n    arms: [baseline, spread, shift_spread]\n")
+    trained = []
+
+    def fake_fit(cfg, callbacks=()):
+        trained.append(cfg.arm)
+        return {"prefix": {"acc_mean": 0.6, "acc_worst": 0.6}, "mlflow_run_id": log_finished(uri, cfg, 0.6)}
+
+    assert run_comparison(spec, fit_fn=fake_fit, tracking_uri=uri, only=["default/spread"])["rc"] == 0
+    assert sorted(trained) == ["baseline", "spread"]
+    with pytest.raises(ConfigError, match=r"only='default/nonesuch' is invalid: names no arm of default in "
+                                          r"three.yaml: baseline, spread, shift_spread"):
+        run_comparison(spec, fit_fn=fake_fit, tracking_uri=uri, only=["default/nonesuch"])

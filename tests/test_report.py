@@ -6,15 +6,12 @@ import contextlib
 import csv
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from phasefix import tracking
-from phasefix.metrics import PhaseAccuracy
 from phasefix.report import main, pareto_front, report
-
-PERIOD = 24
+from helpers import committed_table, phase_result
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -23,17 +20,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def phase_result(seed: int, base: float, dip: float) -> dict:
-    """PhaseAccuracy.compute() on synthetic outcomes: accuracy `base`, `dip` lower at residues 3 mod 4."""
-    rng = np.random.default_rng(seed)
-    residue = np.repeat(np.arange(PERIOD), 40)
-    p = np.where(residue % 4 == 3, base - dip, base)
-    metric = PhaseAccuracy(PERIOD, fold_stride=4, n_boot=50)
-    metric.update(torch.from_numpy(rng.random(residue.size) < p), torch.from_numpy(residue),
-                  torch.from_numpy(np.tile(np.arange(40), PERIOD)))
-    return metric.compute()
 
 
 def log_run(c, exp_id, name, kind, seed, base, dip, tags=None):
@@ -348,9 +334,8 @@ def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp
     another fresh store joins that report's folder and is pooled with its two runs (decisive_runs.csv). A folder
     that has the new arm only as a row, or none of its regimes, or a run selected again, is refused before anything
     is written."""
-    from phasefix import comparison
     from phasefix.errors import ConfigError
-    from phasefix.tables import headline_from_tables, write_csv
+    from phasefix.tables import headline_from_tables
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)
@@ -360,16 +345,7 @@ def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp
         tracking.log_params(c, rid, {"model.window": "5", "model.stride": "4", "data.num_values": "32"})
 
     def committed(name, rows):
-        folder = tmp_path / name
-        folder.mkdir()
-        full = [{"acc_mean_sd": math.nan, "acc_worst_sd": math.nan, "worst_excl_boundary": r[5], "acc_gap": r[4] - r[5],
-                 "period": 4.0, "train_seconds": 10.0, "compressor_flops_per_token": 33792.0,
-                 "cache_entries_per_token": 1.0, "lm_loss": math.nan, "lm_loss_change": math.nan,
-                 "regime": r[0], "arm": r[1], "padding": p, "seeds": 3, "learned": r[2], "acc_mean": r[4],
-                 "acc_worst": r[5], "goal_met": r[3], "run_ids": f"{r[1][:4]}0000"}
-                for r in rows for p in ("in_sequence", "prefix")]
-        write_csv(folder / "decisive.csv", full, comparison.COLUMNS)
-        return folder
+        return committed_table(tmp_path / name, rows)
 
     low = committed("low", [("w4s4", "baseline", 3, 0, 0.90, 0.20), ("w4s4", "token_shift", 3, 1, 0.91, 0.60),
                             ("w8s8", "baseline", 3, 0, 0.80, 0.20)])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
@@ -35,6 +35,7 @@ class StudyCliConfig:
     import_trials: str | None = None  # a trials.csv whose finished trials start the study on a new storage
     confirm: int = 0  # k > 0: re-run the k best trials and the unmitigated model on fresh seeds (no new trials)
     dashboard: int = 0  # a port: serve optuna-dashboard for the study on 127.0.0.1 (no new trials)
+    only: list[str] = field(default_factory=list)  # comparisons: only these cells (REGIME or REGIME/ARM)
     verbose: bool = False
 
 
@@ -61,6 +62,8 @@ def shim(argv: Sequence[str]) -> list[str]:
             out.append("report=true")
         elif flag in ("spec", "study") and eq:
             out.append(f"spec={quoted(value)}")
+        elif flag == "only" and eq and not value.startswith("["):  # only=a,b/c -> a list
+            out.append("only=[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]")
         elif not eq and not a.startswith("-"):  # the study file, as argparse took it
             out.append(f"spec={quoted(a)}")
         else:
@@ -90,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if is_comparison(cfg.spec):  # comparisons/<name>.yaml: regimes x arms x seeds, the missing cells only
             from phasefix.study.grid import run_comparison
 
-            return run_comparison(cfg.spec, cfg.workers)["rc"]
+            return run_comparison(cfg.spec, cfg.workers, only=list(cfg.only), report_only=cfg.report)["rc"]
+        check(not cfg.only, "only", ",".join(cfg.only), "narrows a comparison file (comparisons/<name>.yaml)")
         return run_study(cfg.spec, cfg.n_trials, cfg.storage, cfg.workers, cfg.report,
                          import_from=cfg.import_trials)["rc"]
 

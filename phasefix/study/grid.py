@@ -3,10 +3,11 @@ Optuna's GridSampler (one trial per cell, through the study runner), the `then` 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from phasefix.errors import check
-from phasefix.paths import OUTPUTS_DIR
+from phasefix.paths import OUTPUTS_DIR, PROJECT_ROOT
 from phasefix.study.cells import Cell, Comparison, FitOrReuse, cells, load_comparison
 
 
@@ -70,23 +71,48 @@ def qualifies(comp: Comparison, first: dict, cell_regime: str, arm: str) -> tupl
     return True, "learned, mean not below the unmitigated mean"
 
 
+def narrow(comp: Comparison, only: list[str]) -> str:
+    """Keep the cells `only` names (`REGIME` or `REGIME/ARM`; a regime's baseline stays, as the bar its arms are
+    judged against); the study's name suffix for this slice (its own grid)."""
+    from phasefix.comparison import BASELINE_ARM
+
+    arms = {r.name: r.arms for r in comp.regimes}
+    for item in only:
+        regime, _, arm = item.partition("/")
+        check(regime in arms, "only", item, f"must be REGIME or REGIME/ARM, a regime of {comp.path.name}: "
+              + ", ".join(arms))
+        check(not arm or arm in arms[regime], "only", item, f"names no arm of {regime} in {comp.path.name}: "
+              + ", ".join(arms[regime]))
+    for r in comp.regimes:
+        if r.name not in only:
+            picked = [a for a in r.arms if f"{r.name}/{a}" in only]
+            r.arms = [a for a in r.arms if a in picked or (picked and a == BASELINE_ARM)]
+    comp.regimes = [r for r in comp.regimes if r.arms]
+    return "-only-" + "+".join(sorted(only)).replace("/", ".")
+
+
 def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: str | None = None,
-                   tracking_uri: str | None = None, out: str | Path | None = None) -> dict:
+                   tracking_uri: str | None = None, out: str | Path | None = None, only: list[str] = (),
+                   report_only: bool = False) -> dict:
     """Run every missing cell of a comparison file (then its `then` seeds, where they apply) and write its tables.
-    `storage`, `tracking_uri`, `out` replace the file's. Returns {'rc', 'cells', 'stopped': {(regime, arm): why},
+    `storage`, `tracking_uri`, `out` replace the file's; `only` runs a slice of it (`narrow`); `report_only` trains
+    nothing and writes the tables of what is finished. Returns {'rc', 'cells', 'stopped': {(regime, arm): why},
     'files'}."""
     comp = load_comparison(path)
     comp.storage = storage or comp.storage
     comp.tracking_uri = tracking_uri or comp.tracking_uri
     comp.out = Path(out) if out is not None else comp.out
     check(workers >= 1, "workers", workers, "must be >= 1")
+    if report_only:
+        return {"rc": 0, "cells": 0, "stopped": {}, "files": write_tables(comp, {})}
+    sliced = narrow(comp, list(only)) if only else ""
     from phasefix.fit import compose, plan_model
 
     grid = cells(comp)
     for c in grid:  # every cell composes (and its mitigations fit its model) before anything trains
         plan_model(compose(c.overrides() + comp.base))
     reuse = FitOrReuse(str(comp.path), comp.tracking_uri, fit_fn)
-    rc, first = run_grid(comp, grid, "", workers, reuse)
+    rc, first = run_grid(comp, grid, sliced, workers, reuse)
     stopped, later = {}, []
     if rc == 0 and (comp.then_seeds or any(r.then for r in comp.regimes)):
         for r in comp.regimes:
@@ -98,14 +124,42 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
                     stopped[(r.name, a)] = why
                     print(f"[comparison] {r.name}/{a}: stops at seeds {r.seeds} ({why})", flush=True)
         if later:
-            rc, _ = run_grid(comp, later, "-then", workers, reuse)
+            rc, _ = run_grid(comp, later, sliced + "-then", workers, reuse)
+    if sliced:  # the whole comparison's tables, this slice's cells among them
+        comp = load_comparison(path)
+        comp.tracking_uri = tracking_uri or comp.tracking_uri
+        comp.out = Path(out) if out is not None else comp.out
     files = write_tables(comp, stopped) if rc == 0 else []
     return {"rc": rc, "cells": len(grid) + len(later), "stopped": stopped, "files": files}
 
 
+def join_folders(comp: Comparison, selected: set[str]) -> list[str]:
+    """The committed folders a comparison's tables grow from: its regimes' `table:` folders and its own `out` (its
+    tables so far), in that order; a folder is left out when its runs are all among the `selected` ones (this store
+    has them) or when every (regime, arm) it holds came from a folder before it (a re-scoring of the same runs)."""
+    from phasefix import comparison
+
+    names = {r.name for r in comp.regimes}
+    folders = [PROJECT_ROOT / f for r in comp.regimes for f in r.tables] + ([comp.out] if comp.out else [])
+    chosen, seen = [], set()
+    for path in dict.fromkeys(Path(f).resolve() for f in folders):
+        if not (path / "decisive.csv").is_file():
+            continue
+        runs = [m for m in (comparison.read_members(path / "decisive_runs.csv")
+                            if (path / "decisive_runs.csv").is_file() else ()) if m["regime"] in names]
+        keys = {(r["regime"], r["arm"]) for r in comparison.read_table(path / "decisive.csv") if r["regime"] in names}
+        if not keys or (runs and {m["run_id"] for m in runs} <= selected) or keys <= seen:
+            continue
+        chosen.append(os.path.relpath(path))  # as the tables name it: docs/figures/<name> from the repository
+        seen |= keys
+    return chosen
+
+
 def write_tables(comp: Comparison, stopped: dict) -> list[str]:
-    """The comparison's tables: from the committed folders (`tables:`, as `report tables=`) when it names them,
-    else from its runs in MLflow (tag comparison=<name>)."""
+    """The comparison's tables: from the committed folders (`tables:`, as `report tables=`) when it names them, else
+    from its runs in MLflow (tag comparison=<name>) joined with the committed folders of its regimes (`join_folders`:
+    the regimes' unmitigated and reference runs, and the cells an earlier machine finished)."""
+    from phasefix import tracking
     from phasefix.report import report
 
     if comp.out is None:
@@ -113,7 +167,17 @@ def write_tables(comp: Comparison, stopped: dict) -> list[str]:
     if comp.tables:
         res = report([f"tables={','.join(comp.tables)}", f"out={comp.out}", "log=false"])
     else:
-        args = [f"tag.comparison={comp.name}", f"out={comp.out}", "log=false"]
+        runs = tracking.select_runs(tracking.client(comp.tracking_uri), experiment=comp.experiment_name,
+                                    tags={"comparison": comp.name})
+        if not runs:
+            print(f"[comparison] {comp.name}: no run of it in this store; its committed tables stand", flush=True)
+            return []
+        args = [f"tag.comparison={comp.name}", f"out={os.path.relpath(comp.out)}", "log=false"]  # rows name it
+        folders = join_folders(comp, {r.info.run_id for r in runs})
+        if folders:
+            args += [f"join={','.join(folders)}", f"join_regimes={','.join(r.name for r in comp.regimes)}"]
+        if comp.experiment_name:
+            args.append(f"experiment={comp.experiment_name}")
         if comp.tracking_uri:
             args.append(f"tracking_uri={comp.tracking_uri}")
         res = report(args)
@@ -124,4 +188,4 @@ def write_tables(comp: Comparison, stopped: dict) -> list[str]:
     return list(res.get("files", [])) if isinstance(res, dict) else []
 
 
-__all__ = ["grid_spec", "qualifies", "run_comparison", "run_grid", "write_tables"]
+__all__ = ["grid_spec", "join_folders", "narrow", "qualifies", "run_comparison", "run_grid", "write_tables"]
