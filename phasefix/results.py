@@ -21,6 +21,7 @@ from phasefix.paths import CONF_DIR, PROJECT_ROOT
 
 PADS = ("prefix", "in_sequence")
 BYTES_PER_VALUE = 2  # a cache entry's vectors stored in bf16
+FREE_MACS = 1.02  # issue 54's "unmitigated cost": at most +2% compressor multiply-adds, same entries and bytes
 
 
 def arm_overrides(arm: str) -> str:
@@ -64,17 +65,19 @@ def _by(rows, regime, arm, pad):
     return next((r for r in rows if (r["regime"], r["arm"], r["padding"]) == (regime, arm, pad)), None)
 
 
-def _cell(r) -> str:
+def _cell(r, excl: bool = False) -> str:
     if r is None:
         return "-"
     worst = "" if math.isnan(r["acc_worst"]) else f" / {r['acc_worst']:.2f}"
+    if excl and not math.isnan(r["worst_excl_boundary"]):
+        worst += f" / {r['worst_excl_boundary']:.2f}"
     return f"{r['goal_met']}/{r['seeds']} ({r['acc_mean']:.2f}{worst})"
 
 
-def _pct(x: float, base: float) -> str:
+def _pct(x: float, base: float, digits: int = 0) -> str:
     if not base or math.isclose(x, base, rel_tol=1e-9):
         return "same"
-    return f"{100 * (x / base - 1):+.0f}%"
+    return f"{100 * (x / base - 1):+.{digits}f}%"
 
 
 def answer(rows: Sequence[Mapping]) -> list[str]:
@@ -101,17 +104,74 @@ def answer(rows: Sequence[Mapping]) -> list[str]:
     return lines
 
 
-def matrix(rows: Sequence[Mapping], arms: Sequence[str]) -> list[str]:
-    """Regime x arm: per padding, seeds meeting the goal of the seeds scored (mean / worst over learned seeds)."""
+def matrix(rows: Sequence[Mapping], arms: Sequence[str], costs: bool = False) -> list[str]:
+    """Regime x arm: per padding, seeds meeting the goal of the seeds scored (mean / worst over learned seeds; with
+    `costs`, also the worst phase other than the boundary, and a row of each arm's cost against the baseline)."""
     shown = [a for a in arms if any(r["arm"] == a for r in rows)]
     lines = ["| regime | padding | " + " | ".join(f"`{a}`" for a in shown) + " |",
              "|---|---|" + "---|" * len(shown)]
     for regime in dict.fromkeys(r["regime"] for r in rows):
         for pad in PADS:
             if any(_by(rows, regime, a, pad) for a in shown):
-                lines.append(f"| {regime} | {pad} | " + " | ".join(_cell(_by(rows, regime, a, pad)) for a in shown)
-                             + " |")
+                lines.append(f"| {regime} | {pad} | " + " | ".join(_cell(_by(rows, regime, a, pad), costs)
+                                                                  for a in shown) + " |")
+        if costs:
+            lines.append(f"| {regime} | cost | " + " | ".join(_cost(rows, regime, a) for a in shown) + " |")
     return lines
+
+
+def _cost_of(rows, regime: str, arm: str) -> tuple[float, float, float] | None:
+    """(cache bytes, cache entries, compressor MACs) per token of a cell, from its rows (bytes from its config)."""
+    r = _by(rows, regime, arm, "prefix") or _by(rows, regime, arm, "in_sequence")
+    if r is None:
+        return None
+    return cache_bytes(regime, arm), r["cache_entries_per_token"], r["compressor_flops_per_token"]
+
+
+def _cost(rows, regime: str, arm: str) -> str:
+    """An arm's cost against the baseline: compressor MACs, cache bytes per token (entries: as bytes, or named)."""
+    mine, base = _cost_of(rows, regime, arm), _cost_of(rows, regime, BASELINE_ARM)
+    if mine is None or base is None:
+        return "-"
+    by, entries, macs = mine
+    text = f"MACs {_pct(macs, base[2], 1)}, bytes {_pct(by, base[0], 1)}"
+    return text + ("" if math.isclose(entries, base[1]) else f", entries {_pct(entries, base[1], 1)}")
+
+
+def free(rows, regime: str, arm: str) -> bool:
+    """At the unmitigated model's cost: the same cache entries and bytes per token, <= +2% compressor MACs."""
+    mine, base = _cost_of(rows, regime, arm), _cost_of(rows, regime, BASELINE_ARM)
+    return bool(mine and base) and math.isclose(mine[0], base[0]) and math.isclose(mine[1], base[1]) \
+        and mine[2] <= FREE_MACS * base[2]
+
+
+def verdicts(rows: Sequence[Mapping]) -> list[str]:
+    """One sentence per regime: the cheapest arm that meets the goal on every seed scored on both paddings, whether
+    that is at the unmitigated cost, and what each gate term adds to the bridge it is stacked on."""
+    out = []
+    for regime in dict.fromkeys(r["regime"] for r in rows):
+        arms = [a for a in dict.fromkeys(r["arm"] for r in rows if r["regime"] == regime) if a != BASELINE_ARM]
+        def met(a):
+            got = [_by(rows, regime, a, p) for p in PADS]
+            return all(r is not None and r["seeds"] and r["goal_met"] == r["seeds"] for r in got)
+        winners = sorted((a for a in arms if met(a)), key=lambda a: _cost_of(rows, regime, a))
+        if winners:
+            a = winners[0]
+            n = _by(rows, regime, a, "prefix")["seeds"]
+            where = "at the unmitigated cost" if free(rows, regime, a) else f"at {_cost(rows, regime, a)}"
+            text = (f"- **{regime}**: the cheapest arm meeting the goal on every seed on both paddings is `{a}` "
+                    f"({n}/{n} seed{'s' if n > 1 else ''}{'' if n >= 3 else ' so far'}), {where}.")
+        else:
+            text = f"- **{regime}**: no arm meets the goal on every seed on both paddings."
+        stacked = [(a, b) for a in arms for b in arms if a.startswith(b + "_") and a != b]
+        if stacked:
+            gains = []
+            for a, b in stacked:
+                w = [(_by(rows, regime, x, "prefix") or {}).get("acc_worst", math.nan) for x in (a, b)]
+                gains.append(f"`{a[len(b) + 1:]}` on `{b}`: prefix worst {w[1]:.2f} -> {w[0]:.2f}")
+            text += " Gate terms stacked on a bridge (first seeds): " + "; ".join(gains) + "."
+        out.append(text)
+    return out
 
 
 def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
@@ -150,7 +210,11 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
                 f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table "
                 f"[{comp.out.relative_to(PROJECT_ROOT)}]({comp.out.relative_to(PROJECT_ROOT / 'docs')}/decisive.md).",
                 ""]
-        out += matrix(crows, arms)
+        out += verdicts(crows)
+        out += ["", "Seeds meeting the goal / seeds scored (mean / worst phase / worst phase other than the boundary, "
+                "over the seeds that", "learned); `cost`: compressor MACs and cache bytes per token against "
+                "`baseline`.", ""]
+        out += matrix(crows, arms, costs=True)
         if (comp.out / "stopped.md").is_file():
             out += ["", "Stopped after the first seed:", "", *(comp.out / "stopped.md").read_text().splitlines()]
     out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "

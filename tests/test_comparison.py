@@ -291,3 +291,24 @@ def test_the_headline_figure_draws_each_regimes_runs_in_its_own_panel_and_counts
         assert sum(len(c.get_facecolors()) == 0 for c in drawn) == hollow  # not learned: no fill
         assert [t.get_text() for t in ax.texts] == [met]
     matplotlib.pyplot.close(fig)
+
+
+def test_a_comparisons_verdict_names_the_cheapest_arm_meeting_the_goal_and_what_a_gate_term_adds():
+    """w8s8 (S = 8, the tiny model: 33,792 compressor MACs per token): `spread` (same MACs) and `shift_spread`
+    (+1.5%) both meet the goal on every seed; `bridge` (W = 9: +12.5%) too; `shift_spread_head_coord` lowers the
+    prefix worst phase from 0.95 to 0.60. The cheapest is `spread`, at the unmitigated cost. With `spread` failing
+    one in-sequence seed, the cheapest is `shift_spread` (+1.5% MACs: still free by the <= +2% rule)."""
+    from phasefix.results import verdicts
+
+    def cell(arm, flops, goal=3, worst=0.95, pads=("prefix", "in_sequence")):
+        return [_drow("w8s8", arm, p, 3, 3, 0.97, worst, goal, flops=flops) for p in pads]
+    rows = (cell("baseline", 33792.0, goal=0, worst=0.2) + cell("bridge", 38016.0) + cell("spread", 33792.0)
+            + cell("shift_spread", 34304.0) + cell("shift_spread_head_coord", 34304.0, worst=0.6))
+    [line] = verdicts(rows)
+    assert line.startswith("- **w8s8**: the cheapest arm meeting the goal on every seed on both paddings is `spread` "
+                           "(3/3 seeds), at the unmitigated cost.")
+    assert "`head_coord` on `shift_spread`: prefix worst 0.95 -> 0.60" in line
+    rows = [r if (r["arm"], r["padding"]) != ("spread", "in_sequence") else {**r, "goal_met": 2} for r in rows]
+    assert "is `shift_spread` (3/3 seeds), at the unmitigated cost." in verdicts(rows)[0]
+    rows = [r for r in rows if r["arm"] in ("baseline", "bridge")]
+    assert "is `bridge` (3/3 seeds), at MACs +12.5%, bytes same." in verdicts(rows)[0]
