@@ -25,3 +25,28 @@ def test_model_traces_without_graph_breaks(autocast):
         ex = torch._dynamo.explain(model)(ids)
     assert ex.graph_break_count == 0, [b.reason.splitlines()[0] for b in ex.break_reasons]
     assert ex.graph_count == 1
+
+
+@pytest.mark.slow
+def test_fit_with_compile_records_it_and_keeps_the_checkpoint_layout(tmp_path):
+    """trainer.compile=true: the run says it compiled and how long it took (summary, MLflow tag and metric), and its
+    checkpoint holds the model's own weights (no wrapper's keys), loadable into an eager model."""
+    from mlflow import MlflowClient
+
+    from helpers import TINY_FIT
+    from phasefix.cli import compose
+    from phasefix.fit import fit
+    from phasefix.run import Run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = fit(compose(TINY_FIT + ["trainer.compile=true", f"logger.tracking_uri={uri}",
+                                      f"output_dir={tmp_path / 'run'}"]))
+    assert summary["compile"]["used"] is True and summary["compile"]["seconds"] > 0
+    c = MlflowClient(tracking_uri=uri)
+    run = c.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["compile"] == "true" and run.data.params["trainer.compile"] == "True"
+    assert run.data.metrics["compile_seconds"] == summary["compile"]["seconds"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert not [k for k in state if "_orig_mod" in k or "compiled" in k]
+    module, _ = Run.open(str(tmp_path / "run")).load_module()  # strict load into an eager module
+    assert {f"model.{k}" for k in module.model.state_dict()} <= set(state)
