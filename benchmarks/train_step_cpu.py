@@ -326,7 +326,8 @@ def main() -> None:
 def markdown(info: dict, results: list[dict]) -> str:
     parts = [k for k in results[0].get("split_s", {})]
     head = ["regime", "variant", "batch x tokens", "s/step", "tokens/s/core", "speedup (median; per repeat)",
-            "loss after", "first step (compile), wall s", "matmul GFLOP/s (fp32 / bf16 peak)"] + [f"{p} %" for p in parts]
+            "loss after", "first step (compile), wall s", "matmul GFLOP/s (fp32 / bf16 peak)"] \
+        + [f"{p} %" for p in parts]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         sp = r.get("split_s", {})

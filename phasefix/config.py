@@ -37,7 +37,7 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     deterministic: bool = True
     progress_bar: bool = True
-    compile: bool = False  # training steps through torch.compile (phasefix.module.PhaseFixModule.compile_training)
+    compile: bool = False  # training steps through torch.compile (PhaseFixModule.train_forward)
 
 
 @dataclass

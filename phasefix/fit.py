@@ -86,7 +86,8 @@ def run_name(cfg: DictConfig) -> str:
 # What may differ from the stored config when a run is resumed; every other key is the run's identity (model, data,
 # mitigations, optimiser, seed, evaluation protocol, where it logs) and is refused.
 RESUMABLE = ("trainer.max_steps", "trainer.num_threads", "trainer.progress_bar", "trainer.val_every_n_steps",
-             "trainer.checkpoint_every_n_steps", "trainer.compile", "trainer.log_every_n_steps", "eval.batch_size", "verbose")
+             "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps", "trainer.compile", "eval.batch_size",
+             "verbose")
 # What a fork (resume with fork=true: a new run from the checkpoint) may change besides: how the new run is named,
 # where it lives, how it is tagged (e.g. the comparison it belongs to).
 FORKABLE = ("run_name", "output_dir", "logger.tags")
@@ -239,7 +240,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                     paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
                                     built=(model_cfg, p["mitigations"]),  # what plan built: not built again
                                     **(data_cfg.text_loss if is_lm_mix else {}))
-            module.compile = bool(cfg.trainer.compile)
+            module.compile_training = bool(cfg.trainer.compile)
             data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
                                        eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                        max_steps=cfg.trainer.max_steps)
@@ -270,8 +271,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if trainer.interrupted:
                 raise KeyboardInterrupt
             train_seconds = before_seconds + (time.time() - t_fit)
-            compiled = {"used": module.compile}
-            if module.compile:  # this piece's compile, part of train_seconds (in this process: not ddp's workers)
+            compiled = {"used": module.compile_training}
+            if module.compile_training:  # this piece's compile, in train_seconds (this process's: not ddp's workers')
                 from phasefix.module import compile_seconds
 
                 compiled["seconds"] = round(compile_seconds(), 1)

@@ -54,16 +54,17 @@ class PhaseFixModule(L.LightningModule):
         # n_boot=1: the bootstrap intervals are computed only at the end
         self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=1)
                                            for _ in self.paddings)
-        self.compile = False  # trainer.compile: see train_forward
+        self.compile_training = False  # trainer.compile: see train_forward
         self._compiled = None
 
     def train_forward(self):
-        """The model's forward as training steps call it: with `compile` (trainer.compile) through `torch.compile`
-        (inductor, static shapes: each sequence length one graph, compiled on its first step), else eager.
+        """The model's forward as training steps call it: with `compile_training` (trainer.compile) through
+        `torch.compile` (inductor, static shapes: each sequence length one graph, compiled on its first step), else
+        eager.
         Validation and the final evaluation call the model eagerly, so their shapes cost no compile. A compiled
         bound method, made in the process that trains, not a wrapper module: the state_dict and checkpoints stay the
         model's own. Measured: docs/performance.md."""
-        if not self.compile:
+        if not self.compile_training:
             return self.model
         if self._compiled is None:
             self._compiled = torch.compile(self.model.forward, dynamic=False)

@@ -39,7 +39,7 @@ def loss_curve(precision: str, compile: bool = False) -> list[float]:
     torch.manual_seed(SEED)
     module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
                             optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=cfg.trainer.max_steps)
-    module.compile = compile
+    module.compile_training = compile
     forward = module.train_forward()
     opts = module.configure_optimizers()
     opt, sched = opts["optimizer"], opts["lr_scheduler"]["scheduler"]
