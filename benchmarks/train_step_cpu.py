@@ -19,6 +19,8 @@ training set); `rest` is the step minus these (norms, rotary, residuals, activat
     python benchmarks/train_step_cpu.py                                   # every regime, fp32 vs bf16, 1 thread
     python benchmarks/train_step_cpu.py --regimes coverage_w8s8 --repeats 7 --markdown
     python benchmarks/train_step_cpu.py --regimes records64 --profile     # where one step's time goes (bf16)
+    python benchmarks/train_step_cpu.py --regimes coverage_w8s8 records64 --variants fp32 bf16 bf16_compile --no-split
+                                                                          # + torch.compile (trainer.compile=true)
 
 Figures and the machine they came from: docs/performance.md, "Training step on the CPU".
 """
