@@ -19,6 +19,8 @@ training set); `rest` is the step minus these (norms, rotary, residuals, activat
     python benchmarks/train_step_cpu.py                                   # every regime, fp32 vs bf16, 1 thread
     python benchmarks/train_step_cpu.py --regimes coverage_w8s8 --repeats 7 --markdown
     python benchmarks/train_step_cpu.py --regimes records64 --profile     # where one step's time goes (bf16)
+    python benchmarks/train_step_cpu.py --regimes coverage_w8s8 records64 --variants fp32 bf16 bf16_compile --no-split
+                                                                          # + torch.compile (trainer.compile=true)
 
 Figures and the machine they came from: docs/performance.md, "Training step on the CPU".
 """
@@ -50,8 +52,32 @@ REGIMES = {
     "lm_mix_w4s4": ["data=lm_mix", "model.payload_init=shared", "model.vocab_size=384"],
 }
 
-# name -> (autocast dtype (None: float32), torch.compile (inductor) or eager); fp32 eager is the baseline
-VARIANTS = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "bf16_compile": (torch.bfloat16, True)}
+# name -> (autocast dtype (None: float32), torch.compile: False (eager), "model" (the whole model, one graph) or
+# "blocks" (each transformer block alone: identical layers share one compile), model config changes); fp32 eager is
+# the baseline
+VARIANTS = {
+    "fp32": (None, False, {}),
+    "bf16": (torch.bfloat16, False, {}),
+    "fp32_compile": (None, "model", {}),
+    "bf16_compile": (torch.bfloat16, "model", {}),
+    "bf16_compile_blocks": (torch.bfloat16, "blocks", {}),
+    "bf16_compile_qb256": (torch.bfloat16, "model", {"query_block": 256}),  # one query block up to T = 256
+}
+
+
+def variant_model(model, variant: str):
+    """A copy of `model` as `variant` runs it: its config changes, then compiled (whole or per block) or eager."""
+    _, how, changes = VARIANTS[variant]
+    m = copy.deepcopy(model)
+    for key, value in changes.items():
+        setattr(m.config, key, value)  # one config object, shared by every layer of the copy
+    m.config.validate()
+    if how == "model":  # static shapes, as phasefix.module compiles the training step (trainer.compile)
+        m.compile(dynamic=False)
+    elif how == "blocks":
+        for block in m.layers:
+            block.compile(dynamic=False)
+    return m
 
 
 def build(overrides: list[str], seed: int):
@@ -240,15 +266,14 @@ def main() -> None:
             **cpu_info()}
     print(json.dumps(info), flush=True)
     results = []
+    torch._dynamo.config.recompile_limit = 64  # every variant of every regime compiles the same forward anew
     for regime in args.regimes:
+        torch._dynamo.reset()  # each regime's compiles start fresh (inductor's on-disk cache stays)
         model, batch, optim, cfg, ds, text_start = build(REGIMES[regime] + args.overrides, args.seed)
         B, T = batch["input_ids"].shape
         steps = {}
         for v in args.variants:
-            m = copy.deepcopy(model)
-            if VARIANTS[v][1]:
-                m.compile()
-            steps[v] = stepper(m, batch, optim, VARIANTS[v][0], text_start)
+            steps[v] = stepper(variant_model(model, v), batch, optim, VARIANTS[v][0], text_start)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
@@ -262,10 +287,12 @@ def main() -> None:
         peaks = {"fp32": matmul_peak(B * T, C, model.config.intermediate_size, torch.float32),
                  "bf16": matmul_peak(B * T, C, model.config.intermediate_size, torch.bfloat16)}
         flops = step_flops(stepper(copy.deepcopy(model), batch, optim, None, text_start))
-        warm = {}
+        warm, compile_s = {}, {}
         for v, step in steps.items():
             t = time.perf_counter()
-            for _ in range(args.warmup + any(VARIANTS[u][1] for u in steps)):  # compiled: one more (its compile)
+            step()  # the first step: a compiled variant's compile (forward and backward graphs)
+            compile_s[v] = time.perf_counter() - t
+            for _ in range(args.warmup):
                 step()
             warm[v] = time.perf_counter() - t
         times = {v: [] for v in steps}
@@ -280,12 +307,13 @@ def main() -> None:
                    "tokens_per_s_per_core": round(B * T / s / args.threads),
                    "speedup_median": round(statistics.median(b / x for b, x in zip(times[base], times[v])), 3),
                    "speedups": [round(b / x, 3) for b, x in zip(times[base], times[v])],
-                   "loss_after": losses[v], "warmup_wall_s": round(warm[v], 1), "matmul_gflop_per_step": round(flops / 1e9, 2),
+                   "loss_after": losses[v], "warmup_wall_s": round(warm[v], 1),
+                   "first_step_wall_s": round(compile_s[v], 1), "matmul_gflop_per_step": round(flops / 1e9, 2),
                    "achieved_gflops": round(flops / s / 1e9, 1),
                    "peak_gflops": {k: round(p, 1) for k, p in peaks.items()},
                    "peak_shape": [B * T, C, model.config.intermediate_size]}
             if not args.no_split and not VARIANTS[v][1]:
-                parts = split(copy.deepcopy(model), batch, VARIANTS[v][0], ds, text_start)
+                parts = split(variant_model(model, v), batch, VARIANTS[v][0], ds, text_start)
                 parts["rest"] = max(0.0, s - sum(parts.values()))
                 row["split_s"] = {k: round(x, 4) for k, x in parts.items()}
             results.append(row)
@@ -300,7 +328,8 @@ def main() -> None:
 def markdown(info: dict, results: list[dict]) -> str:
     parts = [k for k in results[0].get("split_s", {})]
     head = ["regime", "variant", "batch x tokens", "s/step", "tokens/s/core", "speedup (median; per repeat)",
-            "loss after", "matmul GFLOP/s (fp32 / bf16 peak)"] + [f"{p} %" for p in parts]
+            "loss after", "first step (compile), wall s", "matmul GFLOP/s (fp32 / bf16 peak)"] \
+        + [f"{p} %" for p in parts]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         sp = r.get("split_s", {})
@@ -310,6 +339,7 @@ def markdown(info: dict, results: list[dict]) -> str:
             r["regime"], r["variant"], f"{r['batch'][0]} x {r['batch'][1]}", f"{r['s_per_step']:.3f}",
             f"{r['tokens_per_s_per_core']:,}",
             f"**{r['speedup_median']:.2f}** ({', '.join(f'{x:.2f}' for x in r['speedups'])})", f"{r['loss_after']:.4f}",
+            f"{r['first_step_wall_s']:.1f}",
             f"{r['achieved_gflops']:.0f} ({r['peak_gflops']['fp32']:.0f} / {r['peak_gflops']['bf16']:.0f})"]
             + [f"{100 * sp[p] / tot:.0f}" for p in parts]) + " |")
     return "\n".join(lines)

@@ -86,7 +86,8 @@ def run_name(cfg: DictConfig) -> str:
 # What may differ from the stored config when a run is resumed; every other key is the run's identity (model, data,
 # mitigations, optimiser, seed, evaluation protocol, where it logs) and is refused.
 RESUMABLE = ("trainer.max_steps", "trainer.num_threads", "trainer.progress_bar", "trainer.val_every_n_steps",
-             "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps", "eval.batch_size", "verbose")
+             "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps", "trainer.compile", "eval.batch_size",
+             "verbose")
 # What a fork (resume with fork=true: a new run from the checkpoint) may change besides: how the new run is named,
 # where it lives, how it is tagged (e.g. the comparison it belongs to).
 FORKABLE = ("run_name", "output_dir", "logger.tags")
@@ -221,7 +222,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
     resume_ckpt = (source or run).checkpoint() if resuming else None
-    tracking.set_tags(c, run_id, {"precision": precision, "precision_reason": precision_why})
+    tracking.set_tags(c, run_id, {"precision": precision, "precision_reason": precision_why,
+                                  "compile": str(bool(cfg.trainer.compile)).lower()})
 
     trainer = None
     # the layout Run.checkpoint reads; "last" is also the name Lightning's save_last writes (PeriodicCheckpoint)
@@ -238,6 +240,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                     paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
                                     built=(model_cfg, p["mitigations"]),  # what plan built: not built again
                                     **(data_cfg.text_loss if is_lm_mix else {}))
+            module.compile_training = bool(cfg.trainer.compile)
             data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
                                        eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                        max_steps=cfg.trainer.max_steps)
@@ -268,6 +271,13 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if trainer.interrupted:
                 raise KeyboardInterrupt
             train_seconds = before_seconds + (time.time() - t_fit)
+            compiled = {"used": module.compile_training}
+            if module.compile_training:  # this piece's compile, in train_seconds (this process's: not ddp's workers')
+                from phasefix.module import compile_seconds
+
+                compiled["seconds"] = round(compile_seconds(), 1)
+                tracking.log_metric_values(c, run_id, {"compile_seconds": compiled["seconds"]},
+                                           step=cfg.trainer.max_steps)
 
             # the final phase evaluation, on fresh prompts with intervals
             from phasefix.predict import evaluate_phase
@@ -285,6 +295,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
                            figure=tracking.artifact_path(c, run_id, "phase_curves.png"))
             summary["precision"] = {"used": precision, "why": precision_why}
+            summary["compile"] = compiled
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)

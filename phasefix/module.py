@@ -54,6 +54,21 @@ class PhaseFixModule(L.LightningModule):
         # n_boot=1: the bootstrap intervals are computed only at the end
         self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=1)
                                            for _ in self.paddings)
+        self.compile_training = False  # trainer.compile: see train_forward
+        self._compiled = None
+
+    def train_forward(self):
+        """The model's forward as training steps call it: with `compile_training` (trainer.compile) through
+        `torch.compile` (inductor, static shapes: each sequence length one graph, compiled on its first step), else
+        eager.
+        Validation and the final evaluation call the model eagerly, so their shapes cost no compile. A compiled
+        bound method, made in the process that trains, not a wrapper module: the state_dict and checkpoints stay the
+        model's own. Measured: docs/performance.md."""
+        if not self.compile_training:
+            return self.model
+        if self._compiled is None:
+            self._compiled = torch.compile(self.model.forward, dynamic=False)
+        return self._compiled
 
     # ---- training ----
     def forward(self, input_ids, collect_gates: bool = False):
@@ -65,7 +80,7 @@ class PhaseFixModule(L.LightningModule):
             gen = torch.Generator().manual_seed(int(self.hparams.seed) * 1_000_003 + int(self.global_step))
             for m in self.mitigations:
                 input_ids, labels = m.transform_batch(input_ids, labels, gen)
-        logits = self.model(input_ids, collect_gates=self.needs_gates)
+        logits = self.train_forward()(input_ids, collect_gates=self.needs_gates)
         loss, parts = next_token_loss(logits, labels, self.hparams.text_label_start, self.text_weight())
         terms = {}
         if self.needs_gates:
@@ -142,6 +157,14 @@ class PhaseFixModule(L.LightningModule):
             input_ids = self._gate_probe
         self.model(input_ids.to(self.device), collect_gates=True)
         return static_gate_distribution(self.model.gates(), self.model_config)
+
+
+def compile_seconds() -> float:
+    """Wall seconds this process has spent in torch.compile: tracing and inductor for every graph, forward and the
+    backward (compiled on the first backward)."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    return sum(metrics.get("_compile.compile_inner", [])) + sum(metrics.get("backward._backward_impl", []))
 
 
 def text_loss_weight(step: int, lm_weight: float, start_step: int = 0, ramp_steps: int = 0) -> float:

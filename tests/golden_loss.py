@@ -24,8 +24,9 @@ PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16}
 PATH = Path(__file__).parent / "data" / "golden_loss.json"
 
 
-def loss_curve(precision: str) -> list[float]:
-    """The training loss at every step of the short run in `precision` (a key of PRECISIONS)."""
+def loss_curve(precision: str, compile: bool = False) -> list[float]:
+    """The training loss at every step of the short run in `precision` (a key of PRECISIONS); `compile`: the
+    step's forward through torch.compile, as `trainer.compile=true` trains (PhaseFixModule.train_forward)."""
     from omegaconf import OmegaConf
 
     from phasefix.cli import compose
@@ -38,6 +39,8 @@ def loss_curve(precision: str) -> list[float]:
     torch.manual_seed(SEED)
     module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
                             optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=cfg.trainer.max_steps)
+    module.compile_training = compile
+    forward = module.train_forward()
     opts = module.configure_optimizers()
     opt, sched = opts["optimizer"], opts["lr_scheduler"]["scheduler"]
     ds = train_stages(p["data"], SEED)[0][1].with_format("torch")
@@ -46,7 +49,7 @@ def loss_curve(precision: str) -> list[float]:
     for i in range(STEPS):
         batch = ds[i * BATCH : (i + 1) * BATCH]
         with torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext():
-            loss, _ = next_token_loss(module.model(batch["input_ids"]), batch["labels"])
+            loss, _ = next_token_loss(forward(batch["input_ids"]), batch["labels"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)

@@ -224,3 +224,14 @@ def test_bad_precision_is_a_config_error():
     validate_trainer(TrainerConfig(precision="auto"))
     with pytest.raises(ConfigError, match=r"trainer\.precision='bf17' is invalid: allowed values are 'auto'"):
         validate_trainer(TrainerConfig(precision="bf17"))
+
+
+def test_bad_compile_is_a_config_error():
+    from phasefix.cli import compose
+    from phasefix.config import TrainerConfig, validate_trainer
+    from phasefix.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer\.compile='yes please' is invalid: must be true or false"):
+        validate_trainer(TrainerConfig(compile="yes please"))
+    with pytest.raises(ConfigError, match=r"trainer\.compile"):  # from the command line: refused while composing
+        compose(["trainer.compile=maybe"], "fit")

@@ -4,7 +4,9 @@
 Tolerances, per step, absolute on a loss of ~3.5-4.9: float32 2e-3 (other CPUs' kernels sum in other orders; a
 changed step moves the curve by far more: one more warm-up step, a different init or batch order by >= 0.05),
 bf16-mixed 1e-2 (bf16 rounding, and CPUs without bf16 hardware emulate it); and the bf16 curve stays within 1e-2 of
-the float32 golden curve (bf16 does not change what is learnt; measured: 5e-4 apart).
+the float32 golden curve (bf16 does not change what is learnt; measured: 5e-4 apart). The compiled step
+(`trainer.compile=true`: inductor fuses and reorders the sums) is held to the same curves and tolerances (slow: its
+compile takes minutes on 2 cores).
 """
 from __future__ import annotations
 
@@ -24,9 +26,19 @@ def golden():
 
 @pytest.mark.parametrize("precision", list(golden_loss.PRECISIONS))
 def test_loss_curve_matches_the_golden_curve(golden, precision):
+    _check(golden, precision, compile=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", list(golden_loss.PRECISIONS))
+def test_compiled_step_matches_the_golden_curve(golden, precision):
+    _check(golden, precision, compile=True)
+
+
+def _check(golden, precision, compile):
     assert (golden["steps"], golden["batch"], golden["overrides"]) == (golden_loss.STEPS, golden_loss.BATCH,
                                                                        golden_loss.OVERRIDES)
-    got, want = golden_loss.loss_curve(precision), golden["loss"][precision]
+    got, want = golden_loss.loss_curve(precision, compile), golden["loss"][precision]
     assert want[0] - want[-1] > 1.0  # the curve moves: a guard, not a constant
     worst = max(range(len(want)), key=lambda i: abs(got[i] - want[i]))
     assert abs(got[worst] - want[worst]) <= TOL[precision], f"step {worst}: {got[worst]} vs golden {want[worst]}"

@@ -10,8 +10,7 @@ each op has a readable `naive` reference beside its fast versions, all of one si
 """
 from __future__ import annotations
 
-import importlib
-from types import SimpleNamespace
+from typing import Callable, NamedTuple
 
 IMPLS = ("naive", "blocked", "triton")
 
@@ -25,9 +24,23 @@ def resolve(attn_impl: str, device_type: str = "cpu") -> str:
     return attn_impl
 
 
-def ops(attn_impl: str, device_type: str = "cpu") -> SimpleNamespace:
+class Ops(NamedTuple):
+    """The pair of one implementation (a named tuple, not a namespace: torch.compile traces it)."""
+    gated_pool: Callable
+    compressed_attention: Callable
+
+
+def ops(attn_impl: str, device_type: str = "cpu") -> Ops:
     """`gated_pool` and `compressed_attention` of one implementation (`naive`, `blocked`, `triton` or `auto`)."""
     impl = resolve(attn_impl, device_type)
-    pool = importlib.import_module(f"phasefix.kernels.gated_pool.{'triton' if impl == 'triton' else 'naive'}")
-    attention = importlib.import_module(f"phasefix.kernels.compressed_attention.{impl}")
-    return SimpleNamespace(gated_pool=pool.gated_pool, compressed_attention=attention.compressed_attention)
+    # plain import statements, not importlib: torch.compile traces them (importlib.import_module breaks the graph)
+    if impl == "triton":
+        from phasefix.kernels.compressed_attention import triton as attention
+        from phasefix.kernels.gated_pool import triton as pool
+    else:
+        from phasefix.kernels.gated_pool import naive as pool
+        if impl == "naive":
+            from phasefix.kernels.compressed_attention import naive as attention
+        else:
+            from phasefix.kernels.compressed_attention import blocked as attention
+    return Ops(pool.gated_pool, attention.compressed_attention)
