@@ -215,6 +215,11 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
                 "over the seeds that", "learned); `cost`: compressor MACs and cache bytes per token against "
                 "`baseline`.", ""]
         out += matrix(crows, arms, costs=True)
+        mech = sorted(d for d in (comp.out / "mechanism").glob("*") if d.is_dir())
+        if mech:  # `python -m phasefix.analyze knockout|gates run=<run> padding=both out=<out>/mechanism/<cell>`
+            rel = comp.out.relative_to(PROJECT_ROOT / "docs")
+            out += ["", "Mechanism (`phasefix.analyze knockout` and `gates`, which residues each KV head carries): "
+                    + ", ".join(f"[{d.name}]({rel}/mechanism/{d.name}/knockout.png)" for d in mech) + "."]
         if (comp.out / "stopped.md").is_file():
             out += ["", "Stopped after the first seed:", "", *(comp.out / "stopped.md").read_text().splitlines()]
     out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "
