@@ -68,6 +68,8 @@ def _by(rows, regime, arm, pad):
 def _cell(r, excl: bool = False) -> str:
     if r is None:
         return "-"
+    if not r["learned"]:
+        return f"{r['goal_met']}/{r['seeds']} (not learned)"
     worst = "" if math.isnan(r["acc_worst"]) else f" / {r['acc_worst']:.2f}"
     if excl and not math.isnan(r["worst_excl_boundary"]):
         worst += f" / {r['worst_excl_boundary']:.2f}"
@@ -167,8 +169,10 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
         if stacked:
             gains = []
             for a, b in stacked:
-                w = [(_by(rows, regime, x, "prefix") or {}).get("acc_worst", math.nan) for x in (a, b)]
-                gains.append(f"`{a[len(b) + 1:]}` on `{b}`: prefix worst {w[1]:.2f} -> {w[0]:.2f}")
+                r = [_by(rows, regime, x, "prefix") or {} for x in (a, b)]
+                now = f"{r[0]['acc_worst']:.2f}" if r[0].get("learned") else "did not learn"
+                gains.append(f"`{a[len(b) + 1:]}` on `{b}`: prefix worst {r[1].get('acc_worst', math.nan):.2f} -> "
+                             f"{now}")
             text += " Gate terms stacked on a bridge (first seeds): " + "; ".join(gains) + "."
         out.append(text)
     return out
@@ -205,7 +209,9 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
     for comp in comps:
         if comp is head or comp.out is None or not (comp.out / "decisive.csv").is_file():
             continue
-        crows = [{**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out / "decisive.csv")]
+        order = {r.name: i for i, r in enumerate(comp.regimes)}  # the file's order of regimes
+        crows = sorted(({**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out / "decisive.csv")),
+                       key=lambda r: order.get(r["regime"], len(order)))
         out += ["", f"## {comp.name}: {comp.description}", "",
                 f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table "
                 f"[{comp.out.relative_to(PROJECT_ROOT)}]({comp.out.relative_to(PROJECT_ROOT / 'docs')}/decisive.md).",

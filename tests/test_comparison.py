@@ -308,6 +308,8 @@ def test_a_comparisons_verdict_names_the_cheapest_arm_meeting_the_goal_and_what_
     assert line.startswith("- **w8s8**: the cheapest arm meeting the goal on every seed on both paddings is `spread` "
                            "(3/3 seeds), at the unmitigated cost.")
     assert "`head_coord` on `shift_spread`: prefix worst 0.95 -> 0.60" in line
+    unlearned = [{**r, "learned": 0, "goal_met": 0} if r["arm"] == "shift_spread_head_coord" else r for r in rows]
+    assert "`head_coord` on `shift_spread`: prefix worst 0.95 -> did not learn" in verdicts(unlearned)[0]
     rows = [r if (r["arm"], r["padding"]) != ("spread", "in_sequence") else {**r, "goal_met": 2} for r in rows]
     assert "is `shift_spread` (3/3 seeds), at the unmitigated cost." in verdicts(rows)[0]
     rows = [r for r in rows if r["arm"] in ("baseline", "bridge")]
