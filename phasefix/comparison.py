@@ -182,7 +182,7 @@ def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), ta
             row[k] = members[0].get(k, math.nan)
         lm0 = base_mean.get((regime, pad, "lm"), math.nan)
         row["lm_loss_change"] = (row["lm_loss"] / lm0 - 1.0) if lm0 and not math.isnan(lm0) else math.nan
-        own = {m.get("table") or table for m in members}  # runs all pooled from one committed folder: that one
+        own = {m.get("joined_from") or table for m in members}  # runs all joined from one folder: that one
         where = own.pop() if len(own) == 1 else table
         out.append({**row, "table": where} if where else row)
     return sorted(out + list(joined), key=lambda r: (r["regime"], r["arm"] != BASELINE_ARM, r["arm"], r["padding"]))

@@ -37,7 +37,8 @@ machine): the runs of the selected runs' regimes in DIR's `decisive_runs.csv` ar
 and an arm DIR has only as a `decisive.csv` row (older tables) is carried as it is, each row naming its table; a
 new arm is judged against the committed baseline's mean where the selection has no baseline run of its regime.
 `join_regimes=R,...` takes these regimes from the folders as well, with or without new runs (a comparison file's
-tables: every regime it names); a row naming another joined folder as its table is taken from that folder.
+tables: every regime it names); a row naming another joined folder as its table is taken from that folder, and a run
+selected or joined already is skipped (a comparison's tables pool the runs of the folders before them).
 
 Selection: `runs=` (ids or unique id prefixes, in that order), else every run of `experiment` (default phasefix)
 whose tags match all `tag.KEY=VALUE` options and whose `phasefix.kind` is in `kind` (default fit,evaluate). The
@@ -384,7 +385,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     sources = rescored_sources(c, runs)
     facts = regime_facts(c, runs, sources)
     joined, pooled = joined_rows(list(cfg.join), {(f["regime"], f["arm"]) for f in facts.values()},
-                                 {r.info.run_id for r in runs}, list(cfg.join_regimes)) if cfg.join else ([], [])
+                                 {r.info.run_id for r in runs}, list(cfg.join_regimes),
+                                 skip_known=bool(cfg.join_regimes)) if cfg.join else ([], [])
 
     out = out_dir(opts["out"])
     out.mkdir(parents=True, exist_ok=True)

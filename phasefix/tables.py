@@ -36,12 +36,14 @@ def same_folder(a: str | Path, b: str | Path) -> bool:
 
 
 def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: set[str],
-                regimes: Sequence[str] = ()) -> tuple[list[dict], list[dict]]:
+                regimes: Sequence[str] = (), skip_known: bool = False) -> tuple[list[dict], list[dict]]:
     """What the committed report folders `specs` hold of the regimes in `tagged` {(regime, arm)} of the selected runs
     (ids `selected`), and of `regimes` too: (aggregate rows of arms kept as they are, runs to pool as more seeds). A
     folder's runs come from its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written
     before that file) joins as that row, so no new run may be of that arm; a row that names another of the joined
-    folders as its table is left to that folder. Checked before anything is written."""
+    folders as its table is left to that folder. Checked before anything is written; with `skip_known` (a
+    comparison's tables, which pool runs of the folders before them) a run selected or joined already is skipped, not
+    refused."""
     regimes, rows, members, taken = {r for r, _ in tagged} | set(regimes), [], [], {}
     for folder in specs:
         path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
@@ -49,11 +51,13 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
         runs = [m for m in (comparison.read_members(runs_path) if runs_path.is_file() else ())
                 if m["regime"] in regimes]
         pooled = {(m["regime"], m["arm"]) for m in runs}
+        if skip_known:
+            runs = [m for m in runs if m["run_id"] not in selected and taken.get(m["run_id"], folder) == folder]
         got = [r for r in comparison.read_table(path)
                if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled
                and not any(r.get("table") and same_folder(r["table"], other) and not same_folder(other, folder)
                            for other in specs)]
-        check(bool(got or runs), "join", folder,
+        check(bool(got or runs or skip_known), "join", folder,
               f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
         for m in runs:
             check(m["run_id"] not in selected, "join", folder, f"holds run {m['run_id'][:8]}, selected here too")
@@ -67,7 +71,7 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
             check(taken.setdefault(key, folder) == folder, "join", folder,
                   f"repeats arm {key[1]} of regime {key[0]}, already in {taken.get(key)}")
             rows.append({**r, "table": r.get("table") or folder})
-        members += [{**m, "table": m["table"] or folder} for m in runs]
+        members += [{**m, "table": m["table"] or folder, "joined_from": folder} for m in runs]
     return rows, members
 
 

@@ -136,13 +136,16 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
 def join_folders(comp: Comparison, selected: set[str]) -> list[str]:
     """The committed folders a comparison's tables grow from: its regimes' `table:` folders and its own `out` (its
     tables so far), in that order; a folder is left out when its runs are all among the `selected` ones (this store
-    has them) or when every (regime, arm) it holds came from a folder before it (a re-scoring of the same runs)."""
+    has them) or when every (regime, arm) it holds came from a folder before it (a re-scoring of the same runs). Runs
+    a later folder repeats (the comparison's own tables pool the others') are skipped by the join."""
     from phasefix import comparison
 
     names = {r.name for r in comp.regimes}
-    folders = [PROJECT_ROOT / f for r in comp.regimes for f in r.tables] + ([comp.out] if comp.out else [])
+    own = [Path(comp.out).resolve()] if comp.out else []
+    folders = [p for p in dict.fromkeys((PROJECT_ROOT / f).resolve() for r in comp.regimes for f in r.tables)
+               if p not in own] + own  # its own tables last: they repeat what the others hold
     chosen, seen = [], set()
-    for path in dict.fromkeys(Path(f).resolve() for f in folders):
+    for path in folders:
         if not (path / "decisive.csv").is_file():
             continue
         runs = [m for m in (comparison.read_members(path / "decisive_runs.csv")
