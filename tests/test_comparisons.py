@@ -162,6 +162,10 @@ def test_a_comparisons_tables_join_its_regimes_committed_folders_on_any_store(tm
     rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
     assert rows[("baseline", "prefix")]["table"] == "base"
     assert rows[("spread", "prefix")]["seeds"] == "2" and rows[("spread", "prefix")]["goal_met"] == "2"
+    # once more on that store: its tables now hold seed 1 too, which the store has (skipped there, not counted twice)
+    run_comparison(spec, fit_fn=fake_fit(uri2), tracking_uri=uri2, report_only=True)
+    rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
+    assert rows[("spread", "prefix")]["seeds"] == "2" and rows[("baseline", "prefix")]["table"] == "base"
 
 
 def read_rows(path: Path) -> list[dict]:
