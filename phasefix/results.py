@@ -173,7 +173,7 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
                 now = f"{r[0]['acc_worst']:.2f}" if r[0].get("learned") else "did not learn"
                 gains.append(f"`{a[len(b) + 1:]}` on `{b}`: prefix worst {r[1].get('acc_worst', math.nan):.2f} -> "
                              f"{now}")
-            text += " Gate terms stacked on a bridge (first seeds): " + "; ".join(gains) + "."
+            text += " Gate terms stacked on a bridge (mean over the seeds scored): " + "; ".join(gains) + "."
         out.append(text)
     return out
 
