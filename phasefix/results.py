@@ -10,6 +10,7 @@ conf/arm/ existed are shown under today's names (`phasefix.comparison.ARM_NAMES`
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ def arm_overrides(arm: str) -> str:
     return " ".join(words) or "(nothing: the regime as it is)"
 
 
+@functools.lru_cache(maxsize=None)  # one Hydra compose per cell, however many rows and sentences ask
 def cache_bytes(regime: str, arm: str) -> float:
     """Compressed-cache bytes per token of a cell (entries per token x vectors per entry x head_dim, bf16)."""
     from phasefix.config import model_config

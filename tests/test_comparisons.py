@@ -183,6 +183,7 @@ def test_only_runs_a_slice_of_the_comparison_with_its_baseline(tmp_path):
 
     def fake_fit(cfg, callbacks=()):
         trained.append(cfg.arm)
+        assert cfg.logger.tags.comparison == "three"  # a slice's runs are the comparison's: its tables find them
         return {"prefix": {"acc_mean": 0.6, "acc_worst": 0.6}, "mlflow_run_id": log_finished(uri, cfg, 0.6)}
 
     assert run_comparison(spec, fit_fn=fake_fit, tracking_uri=uri, only=["default/spread"])["rc"] == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from phasefix.errors import check
@@ -71,9 +72,9 @@ def qualifies(comp: Comparison, first: dict, cell_regime: str, arm: str) -> tupl
     return True, "learned, mean not below the unmitigated mean"
 
 
-def narrow(comp: Comparison, only: list[str]) -> str:
-    """Keep the cells `only` names (`REGIME` or `REGIME/ARM`; a regime's baseline stays, as the bar its arms are
-    judged against); the study's name suffix for this slice (its own grid)."""
+def narrow(comp: Comparison, only: list[str]) -> Comparison:
+    """The slice of `comp` that `only` names (`REGIME` or `REGIME/ARM`; a regime's baseline stays, as the bar its
+    arms are judged against): the same comparison (name, MLflow tag, storage) with fewer cells."""
     from phasefix.comparison import BASELINE_ARM
 
     arms = {r.name: r.arms for r in comp.regimes}
@@ -83,12 +84,13 @@ def narrow(comp: Comparison, only: list[str]) -> str:
               + ", ".join(arms))
         check(not arm or arm in arms[regime], "only", item, f"names no arm of {regime} in {comp.path.name}: "
               + ", ".join(arms[regime]))
+    regimes = []
     for r in comp.regimes:
-        if r.name not in only:
-            picked = [a for a in r.arms if f"{r.name}/{a}" in only]
-            r.arms = [a for a in r.arms if a in picked or (picked and a == BASELINE_ARM)]
-    comp.regimes = [r for r in comp.regimes if r.arms]
-    return "-only-" + "+".join(sorted(only)).replace("/", ".")
+        picked = [a for a in r.arms if f"{r.name}/{a}" in only]
+        kept = r.arms if r.name in only else [a for a in r.arms if a in picked or (picked and a == BASELINE_ARM)]
+        if kept:
+            regimes.append(replace(r, arms=kept))
+    return replace(comp, regimes=regimes)
 
 
 def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: str | None = None,
@@ -105,30 +107,27 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
     check(workers >= 1, "workers", workers, "must be >= 1")
     if report_only:
         return {"rc": 0, "cells": 0, "stopped": {}, "files": write_tables(comp, {})}
-    sliced = narrow(comp, list(only)) if only else ""
+    run = narrow(comp, list(only)) if only else comp  # the cells this call trains; the tables are comp's
+    stage = "-only-" + "+".join(sorted(only)).replace("/", ".") if only else ""  # a slice's grid: its own study
     from phasefix.fit import compose, plan_model
 
-    grid = cells(comp)
+    grid = cells(run)
     for c in grid:  # every cell composes (and its mitigations fit its model) before anything trains
         plan_model(compose(c.overrides() + comp.base))
     reuse = FitOrReuse(str(comp.path), comp.tracking_uri, fit_fn)
-    rc, first = run_grid(comp, grid, sliced, workers, reuse)
+    rc, first = run_grid(run, grid, stage, workers, reuse)
     stopped, later = {}, []
-    if rc == 0 and (comp.then_seeds or any(r.then for r in comp.regimes)):
-        for r in comp.regimes:
+    if rc == 0 and (run.then_seeds or any(r.then for r in run.regimes)):
+        for r in run.regimes:
             for a in r.arms:
-                ok, why = qualifies(comp, first, r.name, a)
+                ok, why = qualifies(run, first, r.name, a)
                 if ok:
                     later += [Cell(r.name, a, s, r.steps) for s in (r.then or comp.then_seeds)]
                 else:
                     stopped[(r.name, a)] = why
                     print(f"[comparison] {r.name}/{a}: stops at seeds {r.seeds} ({why})", flush=True)
         if later:
-            rc, _ = run_grid(comp, later, sliced + "-then", workers, reuse)
-    if sliced:  # the whole comparison's tables, this slice's cells among them
-        comp = load_comparison(path)
-        comp.tracking_uri = tracking_uri or comp.tracking_uri
-        comp.out = Path(out) if out is not None else comp.out
+            rc, _ = run_grid(run, later, stage + "-then", workers, reuse)
     files = write_tables(comp, stopped) if rc == 0 else []
     return {"rc": rc, "cells": len(grid) + len(later), "stopped": stopped, "files": files}
 
