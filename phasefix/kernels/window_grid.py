@@ -30,8 +30,11 @@ def window_positions(T: int, window: int, stride: int, grid_offset: int = 0, dev
     return (j + 1) * stride - window - grid_offset + i
 
 
-def num_visible(t: torch.Tensor, stride: int, grid_offset: int = 0) -> torch.Tensor:
-    """Entries visible to the query at position t: floor((t+1+d)/S)."""
+def num_visible(t: torch.Tensor | int, stride: int, grid_offset: int = 0) -> torch.Tensor | int:
+    """Entries visible to the query at position t: floor((t+1+d)/S); a Python int for an int t (block bounds that
+    torch.compile can trace without reading a tensor back)."""
+    if isinstance(t, int):
+        return (t + 1 + grid_offset) // stride
     return torch.div(t + 1 + grid_offset, stride, rounding_mode="floor")
 
 

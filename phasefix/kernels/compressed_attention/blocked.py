@@ -119,8 +119,8 @@ def _compressed_attention(q, k, v, k_cmp, v_cmp, *, stride, local_window, local_
 
     n_vis = num_visible(torch.arange(Tp, device=dev), stride, grid_offset).clamp(max=N)  # [Tp]
 
-    # the block bounds as Python ints, from the same rule on ints (not n_vis.tolist(): no sync, no graph break)
-    counts = [min(N, (t + 1 + grid_offset) // stride) for t in range(Tp)]
+    # the block bounds as Python ints, by the same rule (not n_vis.tolist(): no sync, no graph break)
+    counts = [min(N, num_visible(t, stride, grid_offset)) for t in range(Tp)]
     blocks = [(t0, min(Tp, t0 + query_block)) for t0 in range(0, Tp, query_block)]
     blocks = [(t0, t1, counts[t0], counts[t1 - 1]) for t0, t1 in blocks]  # (t0, t1, seen by all, by the last)
     n_max = blocks[-1][3]
