@@ -21,6 +21,8 @@ training set); `rest` is the step minus these (norms, rotary, residuals, activat
     python benchmarks/train_step_cpu.py --regimes records64 --profile     # where one step's time goes (bf16)
     python benchmarks/train_step_cpu.py --regimes coverage_w8s8 records64 --variants fp32 bf16 bf16_compile --no-split
                                                                           # + torch.compile (trainer.compile=true)
+    python benchmarks/train_step_cpu.py --isa avx2 --variants fp32 fp32_compile --no-split
+                                                                          # as on a CPU without AVX-512 or bf16
 
 Figures and the machine they came from: docs/performance.md, "Training step on the CPU".
 """
@@ -31,9 +33,11 @@ import contextlib
 import copy
 import datetime
 import json
+import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -51,6 +55,11 @@ REGIMES = {
                   "data.max_prefix_pad=23"],
     "lm_mix_w4s4": ["data=lm_mix", "model.payload_init=shared", "model.vocab_size=384"],
 }
+
+# --isa avx2: what a CPU without AVX-512 (so without bf16 matmul instructions) runs, on this one: ATen's kernels,
+# oneDNN and MKL capped at AVX2 (environment variables read when torch loads: the script starts itself again with
+# them) and inductor's generated C++ at 256-bit vectors
+ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 # name -> (autocast dtype (None: float32), torch.compile: False (eager), "model" (the whole model, one graph) or
 # "blocks" (each transformer block alone: identical layers share one compile), model config changes); fp32 eager is
@@ -256,13 +265,23 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="instead: profile one step per variant (torch.profiler)")
     ap.add_argument("--markdown", action="store_true", help="also print the docs/performance.md table")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--isa", choices=["native", *ISA_ENV], default="native",
+                    help="avx2: cap every kernel at AVX2, as on a CPU without AVX-512 and bf16 matmul instructions")
     args = ap.parse_args()
+    if args.isa != "native":
+        env = ISA_ENV[args.isa]
+        if any(os.environ.get(k) != v for k, v in env.items()):  # torch reads them when it loads: start again
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.simdlen = 256
     torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     info = {"commit": commit, "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.node(), "torch": torch.__version__, "threads": args.threads, "clock": args.clock,
+            "isa": args.isa,
             **cpu_info()}
     print(json.dumps(info), flush=True)
     results = []
