@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import functools
 import json
 import os
 import platform
@@ -71,7 +72,30 @@ VARIANTS = {
     "bf16_compile": (torch.bfloat16, "model", {}),
     "bf16_compile_blocks": (torch.bfloat16, "blocks", {}),
     "bf16_compile_qb256": (torch.bfloat16, "model", {"query_block": 256}),  # one query block up to T = 256
+    # the blocked attention in bf16 as well (its rule before 2026-12-06: autocast's dtype; now float32 under
+    # autocast, blocked.compute_dtype): what computing the attention in float32 costs
+    "bf16_attn16": (torch.bfloat16, False, {}),
+    "bf16_compile_attn16": (torch.bfloat16, "model", {}),
 }
+ATTENTION_IN_AUTOCAST_DTYPE = ("bf16_attn16", "bf16_compile_attn16")
+
+
+def attention_in_autocast_dtype(*xs):
+    """The blocked attention's former compute dtype: autocast's (bf16) under autocast, else the inputs' common one."""
+    if torch.is_autocast_enabled("cpu") and all(x.dtype != torch.float64 for x in xs):
+        return torch.get_autocast_dtype("cpu")
+    return functools.reduce(torch.promote_types, (x.dtype for x in xs))
+
+
+def variant_rule(variant: str):
+    """The context a variant's steps run in: the former attention rule patched in, or nothing."""
+    from unittest import mock
+
+    from phasefix.kernels.compressed_attention import blocked
+
+    if variant in ATTENTION_IN_AUTOCAST_DTYPE:
+        return mock.patch.object(blocked, "compute_dtype", attention_in_autocast_dtype)
+    return contextlib.nullcontext()
 
 
 def variant_model(model, variant: str):
@@ -112,14 +136,14 @@ def autocast(dtype):
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
-def stepper(model, batch, optim, dtype, text_start=None):
+def stepper(model, batch, optim, dtype, text_start=None, variant: str = "fp32"):
     from phasefix.module import next_token_loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=optim["lr"], betas=tuple(optim["betas"]),
                             weight_decay=optim["weight_decay"])
 
     def step() -> float:
-        with autocast(dtype):
+        with autocast(dtype), variant_rule(variant):
             logits = model(batch["input_ids"])
             loss, _ = next_token_loss(logits, batch["labels"], text_start)
         opt.zero_grad(set_to_none=True)
@@ -292,7 +316,7 @@ def main() -> None:
         B, T = batch["input_ids"].shape
         steps = {}
         for v in args.variants:
-            steps[v] = stepper(variant_model(model, v), batch, optim, VARIANTS[v][0], text_start)
+            steps[v] = stepper(variant_model(model, v), batch, optim, VARIANTS[v][0], text_start, v)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
@@ -332,7 +356,8 @@ def main() -> None:
                    "peak_gflops": {k: round(p, 1) for k, p in peaks.items()},
                    "peak_shape": [B * T, C, model.config.intermediate_size]}
             if not args.no_split and not VARIANTS[v][1]:
-                parts = split(variant_model(model, v), batch, VARIANTS[v][0], ds, text_start)
+                with variant_rule(v):
+                    parts = split(variant_model(model, v), batch, VARIANTS[v][0], ds, text_start)
                 parts["rest"] = max(0.0, s - sum(parts.values()))
                 row["split_s"] = {k: round(x, 4) for k, x in parts.items()}
             results.append(row)

@@ -18,15 +18,16 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 
 
 def compute_dtype(*xs: torch.Tensor) -> torch.dtype:
-    """The dtype the attention computes in: autocast's (bf16 under `torch.autocast`) when it is on for these
-    tensors' device, else the inputs' common dtype. Everything inside then runs in that one dtype with autocast off
-    (matmul operands and accumulators match in the hand-written backward), the softmax and its row sums in float32."""
-    dev = xs[0].device.type
-    if torch.is_autocast_enabled(dev) and all(x.is_floating_point() and x.dtype != torch.float64 for x in xs):
-        return torch.get_autocast_dtype(dev)
+    """The dtype the attention computes in: the inputs' common dtype, and at least float32 under autocast (as
+    `naive` does). Everything inside then runs in that one dtype with autocast off (matmul operands and accumulators
+    match in the hand-written backward), the softmax and its row sums in float32. Why not bf16 under bf16 autocast:
+    measured, bf16 attention kept compiled runs of the CPU default on their retrieval plateau, float32 attention
+    did not (docs/performance.md); the projections and the MLP, most of the step's matmul work, stay bf16."""
     dtype = xs[0].dtype
     for x in xs[1:]:
         dtype = torch.promote_types(dtype, x.dtype)
+    if torch.is_autocast_enabled(xs[0].device.type):
+        dtype = torch.promote_types(dtype, torch.float32)
     return dtype
 
 
