@@ -191,3 +191,37 @@ def test_only_runs_a_slice_of_the_comparison_with_its_baseline(tmp_path):
     with pytest.raises(ConfigError, match=r"only='default/nonesuch' is invalid: names no arm of default in "
                                           r"three.yaml: baseline, spread, shift_spread"):
         run_comparison(spec, fit_fn=fake_fit, tracking_uri=uri, only=["default/nonesuch"])
+
+
+def test_the_tables_of_cells_run_by_hand_say_which_arms_the_staged_rule_stops(tmp_path, monkeypatch):
+    """Cells trained outside the study (by hand, or on another machine) and only reported: an arm whose first seed
+    scored below the unmitigated mean of the regime's committed folder (0.90) is marked stopped in stopped.md, one
+    above it (it goes on to its `then` seeds) and one that has its `then` seed already are not."""
+    from helpers import committed_table, phase_result
+    from phasefix.fit import compose
+    from phasefix.tables import write_csv
+
+    monkeypatch.chdir(tmp_path)
+    base = committed_table(tmp_path / "base", [("default", "baseline", 1, 0, 0.90, 0.20)])
+    write_csv(base / "comparison.csv", [  # the unmitigated seed 0 as a committed run
+        {"run_id": "b" * 32, "run_name": "base-s0", "padding": pad, "acc_mean": 0.90, "acc_worst": 0.20,
+         "acc_gap": 0.7, "command": "python -m phasefix.fit seed=0 +logger.tags.regime=default "
+                                    "+logger.tags.arm=baseline"} for pad in ("prefix", "in_sequence")],
+              ("run_id", "run_name", "padding", "acc_mean", "acc_worst", "acc_gap", "command"))
+    spec = tmp_path / "staged.yaml"
+    spec.write_text(f"name: staged\nseeds: [0]\nthen: {{seeds: [1]}}\nout: {tmp_path / 'out'}\n"
+                    f"regimes:\n  default:\n    arms: [baseline, spread, shift_spread, bridge]\n"
+                    f"    table: [{base}]\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    for arm, seed, acc in (("spread", 0, 0.95), ("shift_spread", 0, 0.60), ("bridge", 0, 0.60), ("bridge", 1, 0.6)):
+        run_id = tracking.create_run(c, "phasefix", f"{arm}-s{seed}", tags={
+            "phasefix.kind": "fit", "comparison": "staged", "regime": "default", "arm": arm})
+        tracking.log_params(c, run_id, C.to_container(compose([f"arm={arm}", f"seed={seed}"])))
+        for pad in ("prefix", "in_sequence"):
+            tracking.log_phase_result(c, run_id, pad, phase_result(seed, acc, 0.0))
+        c.set_terminated(run_id, "FINISHED")
+    res = run_comparison(spec, tracking_uri=uri, report_only=True)
+    assert res["stopped"] == {("default", "shift_spread"): "mean below the unmitigated mean"}
+    assert "| default | shift_spread | mean below the unmitigated mean |" in \
+        (tmp_path / "out" / "stopped.md").read_text()

@@ -106,7 +106,10 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
     comp.out = Path(out) if out is not None else comp.out
     check(workers >= 1, "workers", workers, "must be >= 1")
     if report_only:
-        return {"rc": 0, "cells": 0, "stopped": {}, "files": write_tables(comp, {})}
+        files = write_tables(comp, {})
+        stopped = stopped_in_tables(comp) if files else {}
+        write_stopped(comp, stopped)
+        return {"rc": 0, "cells": 0, "stopped": stopped, "files": files}
     run = narrow(comp, list(only)) if only else comp  # the cells this call trains; the tables are comp's
     stage = "-only-" + "+".join(sorted(only)).replace("/", ".") if only else ""  # a slice's grid: its own study
     from phasefix.fit import compose, plan_model
@@ -183,11 +186,50 @@ def write_tables(comp: Comparison, stopped: dict) -> list[str]:
         if comp.tracking_uri:
             args.append(f"tracking_uri={comp.tracking_uri}")
         res = report(args)
-    if stopped:
-        lines = [f"| {r} | {a} | {why} |" for (r, a), why in sorted(stopped.items())]
-        (comp.out / "stopped.md").write_text("| regime | arm | stopped after its first seeds |\n|---|---|---|\n"
-                                             + "\n".join(lines) + "\n")
+    write_stopped(comp, stopped)
     return list(res.get("files", [])) if isinstance(res, dict) else []
 
 
-__all__ = ["grid_spec", "join_folders", "narrow", "qualifies", "run_comparison", "run_grid", "write_tables"]
+def write_stopped(comp: Comparison, stopped: dict) -> None:
+    """<out>/stopped.md: the arms the staged rule stopped after their first seeds, and why (the results page
+    quotes it)."""
+    if stopped and comp.out is not None:
+        lines = [f"| {r} | {a} | {why} |" for (r, a), why in sorted(stopped.items())]
+        (comp.out / "stopped.md").write_text("| regime | arm | stopped after its first seeds |\n|---|---|---|\n"
+                                             + "\n".join(lines) + "\n")
+
+
+def stopped_in_tables(comp: Comparison) -> dict:
+    """The arms of the comparison's written tables (`out`, with its regimes' `table:` folders) that the staged rule
+    stops (`qualifies`): those whose first seeds are all scored there, none of their `then` seeds is, and that do not
+    qualify. For cells run outside
+    the study (by hand, or a slice on another machine), so the tables say why an arm has one seed."""
+    from phasefix.comparison import BASELINE_ARM
+    from phasefix.study.cells import committed_runs
+
+    if comp.out is None or not (comp.out / "comparison.csv").is_file():
+        return {}
+    runs = {run["run_id"]: run for run in committed_runs(comp.out)}
+    for r in comp.regimes:  # the regimes' own folders: their unmitigated runs, the bar
+        runs.update({run["run_id"]: run for t in r.tables for run in committed_runs(t) if run["regime"] == r.name})
+    runs = list(runs.values())
+    first, stopped = {}, {}
+    for run in runs:
+        regime = next((r for r in comp.regimes if r.name == run["regime"]), None)
+        if regime is not None and "prefix" in run["scores"]:
+            first[Cell(regime.name, run["arm"], run["seed"], regime.steps).name] = {
+                "final/prefix/acc_mean": run["scores"]["prefix"]["acc_mean"]}
+    for r in comp.regimes:
+        later = r.then or comp.then_seeds
+        for a in r.arms:
+            seeds = {run["seed"] for run in runs if (run["regime"], run["arm"]) == (r.name, a)}
+            if a == BASELINE_ARM or not set(r.seeds) <= seeds or seeds & set(later):
+                continue
+            ok, why = qualifies(comp, first, r.name, a)
+            if not ok:
+                stopped[(r.name, a)] = why
+    return stopped
+
+
+__all__ = ["grid_spec", "join_folders", "narrow", "qualifies", "run_comparison", "run_grid", "stopped_in_tables",
+           "write_stopped", "write_tables"]
