@@ -62,13 +62,14 @@ REGIMES = {
 # them) and inductor's generated C++ at 256-bit vectors
 ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
-# name -> (autocast dtype (None: float32), torch.compile: False (eager), "model" (the whole model, one graph) or
-# "blocks" (each transformer block alone: identical layers share one compile), model config changes); fp32 eager is
-# the baseline
+# name -> (autocast dtype (None: float32), torch.compile: False (eager), "model" (the whole model, one graph),
+# "max-autotune" (the same, mode="max-autotune") or "blocks" (each transformer block alone: identical layers share one
+# compile), model config changes); fp32 eager is the baseline
 VARIANTS = {
     "fp32": (None, False, {}),
     "bf16": (torch.bfloat16, False, {}),
     "fp32_compile": (None, "model", {}),
+    "fp32_compile_autotune": (None, "max-autotune", {}),  # inductor's own C++ GEMM templates, timed against MKL's
     "bf16_compile": (torch.bfloat16, "model", {}),
     "bf16_compile_blocks": (torch.bfloat16, "blocks", {}),
     "bf16_compile_qb256": (torch.bfloat16, "model", {"query_block": 256}),  # one query block up to T = 256
@@ -107,6 +108,8 @@ def variant_model(model, variant: str):
     m.config.validate()
     if how == "model":  # static shapes, as phasefix.module compiles the training step (trainer.compile)
         m.compile(dynamic=False)
+    elif how == "max-autotune":
+        m.compile(dynamic=False, mode="max-autotune")
     elif how == "blocks":
         for block in m.layers:
             block.compile(dynamic=False)
