@@ -214,14 +214,21 @@ def test_the_tables_of_cells_run_by_hand_say_which_arms_the_staged_rule_stops(tm
                     f"    table: [{base}]\n")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)
-    for arm, seed, acc in (("spread", 0, 0.95), ("shift_spread", 0, 0.60), ("bridge", 0, 0.60), ("bridge", 1, 0.6)):
+
+    def log(arm, seed, acc):
         run_id = tracking.create_run(c, "phasefix", f"{arm}-s{seed}", tags={
             "phasefix.kind": "fit", "comparison": "staged", "regime": "default", "arm": arm})
         tracking.log_params(c, run_id, C.to_container(compose([f"arm={arm}", f"seed={seed}"])))
         for pad in ("prefix", "in_sequence"):
             tracking.log_phase_result(c, run_id, pad, phase_result(seed, acc, 0.0))
         c.set_terminated(run_id, "FINISHED")
+
+    for arm, seed, acc in (("spread", 0, 0.95), ("shift_spread", 0, 0.60), ("bridge", 0, 0.60), ("bridge", 1, 0.6)):
+        log(arm, seed, acc)
     res = run_comparison(spec, tracking_uri=uri, report_only=True)
     assert res["stopped"] == {("default", "shift_spread"): "mean below the unmitigated mean"}
     assert "| default | shift_spread | mean below the unmitigated mean |" in \
         (tmp_path / "out" / "stopped.md").read_text()
+    log("shift_spread", 1, 0.6)  # trained on anyway: no longer stopped, and the old file does not say it is
+    assert run_comparison(spec, tracking_uri=uri, report_only=True)["stopped"] == {}
+    assert not (tmp_path / "out" / "stopped.md").exists()

@@ -107,9 +107,7 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
     check(workers >= 1, "workers", workers, "must be >= 1")
     if report_only:
         files = write_tables(comp, {})
-        stopped = stopped_in_tables(comp) if files else {}
-        write_stopped(comp, stopped)
-        return {"rc": 0, "cells": 0, "stopped": stopped, "files": files}
+        return {"rc": 0, "cells": 0, "stopped": stopped_in_tables(comp) if files else {}, "files": files}
     run = narrow(comp, list(only)) if only else comp  # the cells this call trains; the tables are comp's
     stage = "-only-" + "+".join(sorted(only)).replace("/", ".") if only else ""  # a slice's grid: its own study
     from phasefix.fit import compose, plan_model
@@ -186,28 +184,33 @@ def write_tables(comp: Comparison, stopped: dict) -> list[str]:
         if comp.tracking_uri:
             args.append(f"tracking_uri={comp.tracking_uri}")
         res = report(args)
-    write_stopped(comp, stopped)
+    write_stopped(comp, {**stopped_in_tables(comp), **stopped})  # this run's and those of cells run elsewhere
     return list(res.get("files", [])) if isinstance(res, dict) else []
 
 
 def write_stopped(comp: Comparison, stopped: dict) -> None:
     """<out>/stopped.md: the arms the staged rule stopped after their first seeds, and why (the results page
-    quotes it)."""
-    if stopped and comp.out is not None:
-        lines = [f"| {r} | {a} | {why} |" for (r, a), why in sorted(stopped.items())]
-        (comp.out / "stopped.md").write_text("| regime | arm | stopped after its first seeds |\n|---|---|---|\n"
-                                             + "\n".join(lines) + "\n")
+    quotes it); none left: no file (an older one would name arms that went on)."""
+    if comp.out is None:
+        return
+    path = comp.out / "stopped.md"
+    if not stopped:
+        path.unlink(missing_ok=True)
+        return
+    lines = [f"| {r} | {a} | {why} |" for (r, a), why in sorted(stopped.items())]
+    path.write_text("| regime | arm | stopped after its first seeds |\n|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 def stopped_in_tables(comp: Comparison) -> dict:
     """The arms of the comparison's written tables (`out`, with its regimes' `table:` folders) that the staged rule
     stops (`qualifies`): those whose first seeds are all scored there, none of their `then` seeds is, and that do not
-    qualify. For cells run outside
-    the study (by hand, or a slice on another machine), so the tables say why an arm has one seed."""
+    qualify; nothing for a comparison without `then`. So cells run outside the study (by hand, or a slice on another
+    machine) say why an arm has one seed."""
     from phasefix.comparison import BASELINE_ARM
     from phasefix.study.cells import committed_runs
 
-    if comp.out is None or not (comp.out / "comparison.csv").is_file():
+    staged = comp.then_seeds or any(r.then for r in comp.regimes)
+    if not staged or comp.out is None or not (comp.out / "comparison.csv").is_file():
         return {}
     runs = {run["run_id"]: run for run in committed_runs(comp.out)}
     for r in comp.regimes:  # the regimes' own folders: their unmitigated runs, the bar
