@@ -1,8 +1,9 @@
 """How far one training step's gradient moves from float64's under each CPU precision path (issue 53).
 
 On one batch of the run's own training stream, the gradient of the next-token loss is taken in float64 (the
-reference), float32, bf16 autocast with the blocked attention in float32 (today's rule) or in bf16 (the former one),
-each eager and through `torch.compile` (as `trainer.compile` compiles the forward). Per path: the loss, the cosine
+reference), float32, bf16 autocast with the compressor and the blocked attention in float32 (today's rule) or in
+bf16 (the former rules: `*_cmp16` the compressor, `*_attn16` both), each eager and through `torch.compile` (as
+`trainer.compile` compiles the forward). Per path: the loss, the cosine
 of the whole gradient with float64's, and the median and worst relative L2 error over the parameters.
 
     python benchmarks/bf16_gradients.py --run <run dir>          # a trained (or plateau) checkpoint's weights
@@ -20,16 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step_cpu import attention_in_autocast_dtype  # noqa: E402  (the former attention rule, one definition)
+from train_step_cpu import VARIANTS, variant_rule  # noqa: E402  (the former rules, one definition)
 
-PATHS = {  # name -> (bf16 autocast, the attention in bf16 (former rule), compiled)
-    "fp32": (False, False, False),
-    "fp32_compile": (False, False, True),
-    "bf16": (True, False, False),
-    "bf16_attn16": (True, True, False),
-    "bf16_compile": (True, False, True),
-    "bf16_compile_attn16": (True, True, True),
-}
+PATHS = ["fp32", "fp32_compile", "bf16", "bf16_cmp16", "bf16_attn16", "bf16_compile", "bf16_compile_cmp16",
+         "bf16_compile_attn16"]  # variants of train_step_cpu.py
 
 
 def load(args):
@@ -54,30 +49,25 @@ def main() -> None:
     ap.add_argument("--run", help="a run directory (its last checkpoint's weights and its config)")
     ap.add_argument("--init", action="store_true", help="a fresh model of the overrides' config instead")
     ap.add_argument("overrides", nargs="*", help="phasefix.fit overrides (with --init)")
-    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    ap.add_argument("--paths", nargs="+", default=PATHS, choices=PATHS)
     ap.add_argument("--batch", type=int, default=64)
     args = ap.parse_args()
     if bool(args.run) == bool(args.init):
         ap.error("give --run DIR or --init [overrides]")
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64  # one forward, compiled per path (autocast and the rule are guarded)
-    from unittest import mock
-
     from phasefix.data.select import train_stages
     from phasefix.fit import plan
-    from phasefix.kernels.compressed_attention import blocked
     from phasefix.module import next_token_loss
 
     cfg, model = load(args)
     batch = train_stages(plan(cfg)["data"], cfg.seed)[0][1].with_format("torch")[: args.batch]
     params = dict((n, p) for n, p in model.named_parameters() if p.requires_grad)
 
-    def gradient(forward, bf16: bool, attn16: bool, dtype=torch.float32):
+    def gradient(forward, bf16: bool, rule=contextlib.nullcontext(), dtype=torch.float32):
         model.to(dtype)
         for p in params.values():
             p.grad = None
-        rule = mock.patch.object(blocked, "compute_dtype", attention_in_autocast_dtype) if attn16 \
-            else contextlib.nullcontext()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), rule:
             loss, _ = next_token_loss(forward(batch["input_ids"]), batch["labels"])
         loss.backward()
@@ -85,14 +75,14 @@ def main() -> None:
         model.to(torch.float32)
         return float(loss.detach()), grads
 
-    ref_loss, ref = gradient(model, False, False, torch.float64)
+    ref_loss, ref = gradient(model, False, dtype=torch.float64)
     flat_ref = torch.cat([g.flatten() for g in ref.values()])
     print(f"{'path':22s} {'loss':>9s} {'cos(g, g64)':>12s} {'median rel':>11s}  worst parameters (rel. L2)")
     print(f"{'float64':22s} {ref_loss:9.5f}")
     for name in args.paths:
-        bf16, attn16, compiled = PATHS[name]
+        autocast_dtype, compiled, _ = VARIANTS[name]
         forward = torch.compile(model.forward, dynamic=False) if compiled else model
-        loss, g = gradient(forward, bf16, attn16)
+        loss, g = gradient(forward, autocast_dtype is not None, variant_rule(name))
         flat = torch.cat([x.flatten() for x in g.values()])
         cos = float(flat @ flat_ref / (flat.norm() * flat_ref.norm()))
         errs = {n: float((g[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)) for n in ref}

@@ -73,11 +73,14 @@ VARIANTS = {
     "bf16_compile": (torch.bfloat16, "model", {}),
     "bf16_compile_blocks": (torch.bfloat16, "blocks", {}),
     "bf16_compile_qb256": (torch.bfloat16, "model", {"query_block": 256}),  # one query block up to T = 256
-    # the blocked attention in bf16 as well (its rule before 2026-12-06: autocast's dtype; now float32 under
-    # autocast, blocked.compute_dtype): what computing the attention in float32 costs
+    # former rules, to time what computing in float32 under autocast costs: `*_cmp16` the compressor in bf16 (the rule
+    # of 045c7f6 to 0a1247f), `*_attn16` the compressor and the blocked attention in bf16 (the rule before 045c7f6)
+    "bf16_cmp16": (torch.bfloat16, False, {}),
+    "bf16_compile_cmp16": (torch.bfloat16, "model", {}),
     "bf16_attn16": (torch.bfloat16, False, {}),
     "bf16_compile_attn16": (torch.bfloat16, "model", {}),
 }
+COMPRESSOR_IN_AUTOCAST_DTYPE = ("bf16_cmp16", "bf16_compile_cmp16", "bf16_attn16", "bf16_compile_attn16")
 ATTENTION_IN_AUTOCAST_DTYPE = ("bf16_attn16", "bf16_compile_attn16")
 
 
@@ -89,14 +92,18 @@ def attention_in_autocast_dtype(*xs):
 
 
 def variant_rule(variant: str):
-    """The context a variant's steps run in: the former attention rule patched in, or nothing."""
+    """The context a variant's steps run in: the former compressor and attention rules patched in, or nothing."""
     from unittest import mock
 
     from phasefix.kernels.compressed_attention import blocked
+    from phasefix.model.qwen3 import Compressor
 
+    stack = contextlib.ExitStack()
+    if variant in COMPRESSOR_IN_AUTOCAST_DTYPE:
+        stack.enter_context(mock.patch.object(Compressor, "float32_under_autocast", False))
     if variant in ATTENTION_IN_AUTOCAST_DTYPE:
-        return mock.patch.object(blocked, "compute_dtype", attention_in_autocast_dtype)
-    return contextlib.nullcontext()
+        stack.enter_context(mock.patch.object(blocked, "compute_dtype", attention_in_autocast_dtype))
+    return stack
 
 
 def variant_model(model, variant: str):

@@ -1,8 +1,9 @@
 """Training precision: `trainer.precision=auto` picks bf16 autocast where the CPU multiplies bf16 in hardware.
 
 On a CPU with AMX or AVX-512 BF16 a bf16 matmul runs several times faster than a float32 one (docs/performance.md);
-without them bf16 is emulated and slower, so `auto` keeps float32 there. Weights, optimizer state, norms and the
-compressed attention (scores, softmax, weighted sums) stay float32 under `bf16-mixed` (Lightning's torch.autocast);
+without them bf16 is emulated and slower, so `auto` keeps float32 there. Weights, optimizer state, norms, the
+compressor (slot maps, gate logits, pooling) and the compressed attention (scores, softmax, weighted sums) stay
+float32 under `bf16-mixed` (Lightning's torch.autocast); the q/k/v/o projections and the MLP run in bf16.
 tests/test_bf16.py holds its gradients to fp32's.
 """
 from __future__ import annotations

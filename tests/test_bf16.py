@@ -93,6 +93,43 @@ def test_blocked_accumulates_entry_gradients_in_float32():
     assert dkc.dtype == torch.bfloat16 and rel_err(dkc, exp_dkc) <= ATTN_TOL
 
 
+# ------------------------------------------------------------------------------------------------ the compressor
+COMPRESSOR_CASES = {  # vector gates with gate biases; token shift with per-KV-head offsets
+    "w8s8-vector": dict(window=8, stride=8, gate="vector"),
+    "w5s4-shift2-spread": dict(window=5, stride=4, token_shift=2, head_offsets="spread"),
+}
+
+
+@pytest.mark.parametrize("case", COMPRESSOR_CASES.values(), ids=COMPRESSOR_CASES.keys())
+def test_compressor_computes_in_float32_under_autocast(case):
+    """Under bf16 autocast the compressor (slot maps, gate logits, gated pool, key norm) computes in float32: its
+    entries, gates and every parameter's gradient are the float64 compressor's to float32 rounding (bf16 slot maps
+    and logits kept a compiled coverage run on its plateau; computed in bf16 they are off by ~4e-3 here)."""
+    from phasefix.model.config import ModelConfig
+    from phasefix.model.qwen3 import Compressor, RMSNorm
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=64, query_block=16, **case)
+    torch.manual_seed(0)
+    comp, norm = Compressor(cfg, 0, cfg.head_grid_offsets(0)), RMSNorm(16, 1e-6)
+    x = torch.randn(2, 37, 32, generator=torch.Generator().manual_seed(5))
+    results = []
+    for dtype, autocast in ((torch.float32, True), (torch.float64, False)):
+        comp.to(dtype), norm.to(dtype)
+        comp.zero_grad(), norm.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            k_cmp, v_cmp, gates = comp(x.to(dtype), norm)
+        outs = [k_cmp, v_cmp, *gates.values()]
+        sum((o.double() * torch.linspace(-1, 1, o.numel(), dtype=torch.float64).view(o.shape)).sum()
+            for o in outs).backward()
+        results.append((outs, {n: p.grad.clone() for n, p in comp.named_parameters()}))
+    (outs, grads), (exp_outs, exp_grads) = results
+    for i, (a, b) in enumerate(zip(outs, exp_outs)):
+        assert a.dtype == torch.float32 and rel_err(a, b) <= FLOAT32_TOL, f"output {i}: {rel_err(a, b):.2e}"
+    for n in exp_grads:
+        assert rel_err(grads[n], exp_grads[n]) <= FLOAT32_TOL, f"d{n}: {rel_err(grads[n], exp_grads[n]):.2e}"
+
+
 # ------------------------------------------------------------------------------------------------ a whole model
 MODEL_CASES = {  # the compressor's every part: vector gates, token shift, per-head offsets, the tail, the sink
     "w8s4-vector-tail-sink": dict(window=8, stride=4, gate="vector", local_memory="tail", attention_sink=True),

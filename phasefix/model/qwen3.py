@@ -69,6 +69,8 @@ class Compressor(nn.Module):
     Entries are padded with zeros to the most any head has (a head's extra entries are never visible).
     """
 
+    float32_under_autocast = True  # the rule of `forward` (benchmarks patch it off to time the former bf16 one)
+
     def __init__(self, cfg: ModelConfig, grid_offset: int = 0, head_offsets: list[int] | None = None):
         super().__init__()
         self.cfg, self.grid_offset = cfg, grid_offset
@@ -141,7 +143,14 @@ class Compressor(nn.Module):
         """x: [B, T, C] normed hidden states -> pooled keys, values [B, N, HKV, D] (keys normed, not yet rotated)
         and the gate distributions {branch: [B, N, W, HKV]} (averaged over channels for vector gates; with per-head
         offsets only the first N' entries, N' the fewest any head has, so that every row is a real window).
-        `pool`: a `gated_pool` of `phasefix.kernels` (the model passes its `attn_impl`'s)."""
+        `pool`: a `gated_pool` of `phasefix.kernels` (the model passes its `attn_impl`'s).
+
+        Under autocast the compressor computes in float32 (autocast off, `x` upcast), as the compressed attention does:
+        measured, bf16 slot maps and gate logits kept a compiled coverage_w8s8 run on its retrieval plateau where
+        float32 ones learned (docs/performance.md); it is a small share of the step's matmul work."""
+        if self.float32_under_autocast and torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return self.forward(x.to(torch.promote_types(x.dtype, torch.float32)), k_norm, pool)
         x = self.shift(x)  # [B, T, C]
         groups = compression.offset_groups(self.head_offsets)  # [(d, KV heads)]
         N = compression.num_entries(x.shape[1], self.cfg.stride, max(self.head_offsets))
