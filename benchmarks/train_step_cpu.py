@@ -73,6 +73,7 @@ VARIANTS = {
     "bf16_compile": (torch.bfloat16, "model", {}),
     "bf16_compile_blocks": (torch.bfloat16, "blocks", {}),
     "bf16_compile_qb256": (torch.bfloat16, "model", {"query_block": 256}),  # one query block up to T = 256
+    "fp32_compile_qb256": (None, "model", {"query_block": 256}),
     # former rules, to time what computing in float32 under autocast costs: `*_cmp16` the compressor in bf16 (the rule
     # of 045c7f6 to 0a1247f), `*_attn16` the compressor and the blocked attention in bf16 (the rule before 045c7f6)
     "bf16_cmp16": (torch.bfloat16, False, {}),

@@ -191,9 +191,6 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
     torch.set_num_threads(cfg.trainer.num_threads)
     precision, precision_why = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: by the CPU
-    if cfg.trainer.compile and precision.startswith("bf16") and cfg.trainer.accelerator != "gpu":
-        print("phasefix fit: note: trainer.compile with bf16-mixed on the CPU has left a run on its plateau where "
-              "float32 learned (docs/performance.md); trainer.precision=32-true compiles without that", file=sys.stderr)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     t_start = time.time()
 
