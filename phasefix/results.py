@@ -159,12 +159,21 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
             got = [_by(rows, regime, a, p) for p in PADS]
             return all(r is not None and r["seeds"] and r["goal_met"] == r["seeds"] for r in got)
         winners = sorted((a for a in arms if met(a)), key=lambda a: _cost_of(rows, regime, a))
-        if winners:
-            a = winners[0]
+
+        def seeds(a):
             n = _by(rows, regime, a, "prefix")["seeds"]
-            where = "at the unmitigated cost" if free(rows, regime, a) else f"at {_cost(rows, regime, a)}"
+            return f"{n}/{n} seed{'s' if n > 1 else ''}{'' if n >= 3 else ' so far'}"
+
+        def where(a):
+            return "at the unmitigated cost" if free(rows, regime, a) else f"at {_cost(rows, regime, a)}"
+        if winners:  # the cheapest on all three seeds first; a cheaper one on fewer seeds so far after it
+            done = [a for a in winners if _by(rows, regime, a, "prefix")["seeds"] >= 3]
+            a = done[0] if done else winners[0]
             text = (f"- **{regime}**: the cheapest arm meeting the goal on every seed on both paddings is `{a}` "
-                    f"({n}/{n} seed{'s' if n > 1 else ''}{'' if n >= 3 else ' so far'}), {where}.")
+                    f"({seeds(a)}), {where(a)}.")
+            if winners[0] != a:
+                b = winners[0]
+                text += f" Cheaper and meeting it so far: `{b}` ({seeds(b)}), {where(b)}."
         else:
             text = f"- **{regime}**: no arm meets the goal on every seed on both paddings."
         stacked = [(a, b) for a in arms for b in arms if a.startswith(b + "_") and a != b]

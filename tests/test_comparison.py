@@ -314,3 +314,8 @@ def test_a_comparisons_verdict_names_the_cheapest_arm_meeting_the_goal_and_what_
     assert "is `shift_spread` (3/3 seeds), at the unmitigated cost." in verdicts(rows)[0]
     rows = [r for r in rows if r["arm"] in ("baseline", "bridge")]
     assert "is `bridge` (3/3 seeds), at MACs +12.5%, bytes same." in verdicts(rows)[0]
+    # a cheaper arm on its first seed only: the arm with all three seeds leads, the cheaper one follows, "so far"
+    rows += [_drow("w8s8", "spread", p, 1, 1, 0.97, 0.95, 1, flops=33792.0) for p in ("prefix", "in_sequence")]
+    [line] = verdicts(rows)
+    assert "is `bridge` (3/3 seeds), at MACs +12.5%, bytes same. Cheaper and meeting it so far: `spread` (1/1 seed " \
+           "so far), at the unmitigated cost." in line
