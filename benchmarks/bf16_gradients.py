@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step_cpu import VARIANTS, variant_rule  # noqa: E402  (the former rules, one definition)
 
-PATHS = ["fp32", "fp32_compile", "bf16", "bf16_cmp16", "bf16_attn16", "bf16_compile", "bf16_compile_cmp16",
-         "bf16_compile_attn16"]  # variants of train_step_cpu.py
+# train_step_cpu.py's variants of the model as configured, eager or compiled whole (plain mode): precision and rules
+PATHS = [name for name, (_, how, changes) in VARIANTS.items() if not changes and how in (False, "model")]
 
 
 def load(args):

@@ -81,8 +81,6 @@ VARIANTS = {
     "bf16_attn16": (torch.bfloat16, False, {}),
     "bf16_compile_attn16": (torch.bfloat16, "model", {}),
 }
-COMPRESSOR_IN_AUTOCAST_DTYPE = ("bf16_cmp16", "bf16_compile_cmp16", "bf16_attn16", "bf16_compile_attn16")
-ATTENTION_IN_AUTOCAST_DTYPE = ("bf16_attn16", "bf16_compile_attn16")
 
 
 def attention_in_autocast_dtype(*xs):
@@ -93,16 +91,17 @@ def attention_in_autocast_dtype(*xs):
 
 
 def variant_rule(variant: str):
-    """The context a variant's steps run in: the former compressor and attention rules patched in, or nothing."""
+    """The context a variant's steps run in: the former rules its name ends with patched in (`_cmp16`: the
+    compressor in bf16, `_attn16`: the compressor and the attention), or nothing."""
     from unittest import mock
 
     from phasefix.kernels.compressed_attention import blocked
     from phasefix.model.qwen3 import Compressor
 
     stack = contextlib.ExitStack()
-    if variant in COMPRESSOR_IN_AUTOCAST_DTYPE:
+    if variant.endswith(("_cmp16", "_attn16")):
         stack.enter_context(mock.patch.object(Compressor, "float32_under_autocast", False))
-    if variant in ATTENTION_IN_AUTOCAST_DTYPE:
+    if variant.endswith("_attn16"):
         stack.enter_context(mock.patch.object(blocked, "compute_dtype", attention_in_autocast_dtype))
     return stack
 

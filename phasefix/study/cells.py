@@ -69,6 +69,11 @@ class Comparison:
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///{(self.path.parent / f'{self.name}.db').resolve()}"
 
+    @property
+    def staged(self) -> bool:
+        """Whether further seeds follow the first ones (`then`, the file's or a regime's): the staged rule applies."""
+        return bool(self.then_seeds) or any(r.then for r in self.regimes)
+
 
 @dataclass(frozen=True)
 class Cell:

@@ -106,8 +106,8 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
     comp.out = Path(out) if out is not None else comp.out
     check(workers >= 1, "workers", workers, "must be >= 1")
     if report_only:
-        files = write_tables(comp, {})
-        return {"rc": 0, "cells": 0, "stopped": stopped_in_tables(comp) if files else {}, "files": files}
+        files, stopped = write_tables(comp, {})
+        return {"rc": 0, "cells": 0, "stopped": stopped, "files": files}
     run = narrow(comp, list(only)) if only else comp  # the cells this call trains; the tables are comp's
     stage = "-only-" + "+".join(sorted(only)).replace("/", ".") if only else ""  # a slice's grid: its own study
     from phasefix.fit import compose, plan_model
@@ -118,7 +118,7 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
     reuse = FitOrReuse(str(comp.path), comp.tracking_uri, fit_fn)
     rc, first = run_grid(run, grid, stage, workers, reuse)
     stopped, later = {}, []
-    if rc == 0 and (run.then_seeds or any(r.then for r in run.regimes)):
+    if rc == 0 and run.staged:
         for r in run.regimes:
             for a in r.arms:
                 ok, why = qualifies(run, first, r.name, a)
@@ -129,7 +129,7 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
                     print(f"[comparison] {r.name}/{a}: stops at seeds {r.seeds} ({why})", flush=True)
         if later:
             rc, _ = run_grid(run, later, stage + "-then", workers, reuse)
-    files = write_tables(comp, stopped) if rc == 0 else []
+    files = write_tables(comp, stopped)[0] if rc == 0 else []
     return {"rc": rc, "cells": len(grid) + len(later), "stopped": stopped, "files": files}
 
 
@@ -158,15 +158,16 @@ def join_folders(comp: Comparison, selected: set[str]) -> list[str]:
     return chosen
 
 
-def write_tables(comp: Comparison, stopped: dict) -> list[str]:
+def write_tables(comp: Comparison, stopped: dict) -> tuple[list[str], dict]:
     """The comparison's tables: from the committed folders (`tables:`, as `report tables=`) when it names them, else
     from its runs in MLflow (tag comparison=<name>) joined with the committed folders of its regimes (`join_folders`:
-    the regimes' unmitigated and reference runs, and the cells an earlier machine finished)."""
+    the regimes' unmitigated and reference runs, and the cells an earlier machine finished). Returns (the files
+    written, the stopped arms written to stopped.md: `stopped` with those of the tables' cells run elsewhere)."""
     from phasefix import tracking
     from phasefix.report import report
 
     if comp.out is None:
-        return []
+        return [], {}
     if comp.tables:
         res = report([f"tables={','.join(comp.tables)}", f"out={comp.out}", "log=false"])
     else:
@@ -174,7 +175,7 @@ def write_tables(comp: Comparison, stopped: dict) -> list[str]:
                                     tags={"comparison": comp.name})
         if not runs:
             print(f"[comparison] {comp.name}: no run of it in this store; its committed tables stand", flush=True)
-            return []
+            return [], {}
         args = [f"tag.comparison={comp.name}", f"out={os.path.relpath(comp.out)}", "log=false"]  # rows name it
         folders = join_folders(comp, {r.info.run_id for r in runs})
         if folders:
@@ -184,8 +185,9 @@ def write_tables(comp: Comparison, stopped: dict) -> list[str]:
         if comp.tracking_uri:
             args.append(f"tracking_uri={comp.tracking_uri}")
         res = report(args)
-    write_stopped(comp, {**stopped_in_tables(comp), **stopped})  # this run's and those of cells run elsewhere
-    return list(res.get("files", [])) if isinstance(res, dict) else []
+    stopped = {**stopped_in_tables(comp), **stopped}  # this run's and those of cells run elsewhere
+    write_stopped(comp, stopped)
+    return (list(res.get("files", [])) if isinstance(res, dict) else []), stopped
 
 
 def write_stopped(comp: Comparison, stopped: dict) -> None:
@@ -209,8 +211,7 @@ def stopped_in_tables(comp: Comparison) -> dict:
     from phasefix.comparison import BASELINE_ARM
     from phasefix.study.cells import committed_runs
 
-    staged = comp.then_seeds or any(r.then for r in comp.regimes)
-    if not staged or comp.out is None or not (comp.out / "comparison.csv").is_file():
+    if not comp.staged or comp.out is None or not (comp.out / "comparison.csv").is_file():
         return {}
     runs = {run["run_id"]: run for run in committed_runs(comp.out)}
     for r in comp.regimes:  # the regimes' own folders: their unmitigated runs, the bar
