@@ -151,7 +151,8 @@ def free(rows, regime: str, arm: str) -> bool:
 
 def verdicts(rows: Sequence[Mapping]) -> list[str]:
     """One sentence per regime: the cheapest arm that meets the goal on every seed scored on both paddings, whether
-    that is at the unmitigated cost, and what each gate term adds to the bridge it is stacked on."""
+    that is at the unmitigated cost, on how many seeds the unmitigated model meets it on its own (where it does),
+    and what each gate term adds to the bridge it is stacked on."""
     out = []
     for regime in dict.fromkeys(r["regime"] for r in rows):
         arms = [a for a in dict.fromkeys(r["arm"] for r in rows if r["regime"] == regime) if a != BASELINE_ARM]
@@ -176,6 +177,10 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
                 text += f" Cheaper and meeting it so far: `{b}` ({seeds(b)}), {where(b)}."
         else:
             text = f"- **{regime}**: no arm meets the goal on every seed on both paddings."
+        base = [_by(rows, regime, BASELINE_ARM, p) for p in PADS]
+        if any(r and r["goal_met"] for r in base):  # then the regime's weak phase is not every seed's to fix
+            text += (" The unmitigated model meets it on its own in " + ", ".join(
+                f"{r['goal_met']}/{r['seeds']} seeds {p.replace('_', '-')}" for r, p in zip(base, PADS) if r) + ".")
         stacked = [(a, b) for a in arms for b in arms if a.startswith(b + "_") and a != b]
         if stacked:
             gains = []

@@ -319,3 +319,8 @@ def test_a_comparisons_verdict_names_the_cheapest_arm_meeting_the_goal_and_what_
     [line] = verdicts(rows)
     assert "is `bridge` (3/3 seeds), at MACs +12.5%, bytes same. Cheaper and meeting it so far: `spread` (1/1 seed " \
            "so far), at the unmitigated cost." in line
+    assert "unmitigated model meets it on its own" not in line  # the baseline rows: goal met on 0 of 3
+    # an unmitigated model that meets it on some seeds (trained longer, say): the sentence says so, per padding
+    rows = [{**r, "goal_met": 1 if r["padding"] == "prefix" else 2} if r["arm"] == "baseline" else r for r in rows]
+    assert verdicts(rows)[0].endswith(" The unmitigated model meets it on its own in 1/3 seeds prefix, 2/3 seeds "
+                                      "in-sequence.")
