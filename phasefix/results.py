@@ -252,17 +252,13 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
         for r in head.regimes:
             links = ", ".join(f"[{Path(t).name}]({Path(t).relative_to('docs')}/comparison.md)" for t in r.tables)
             out.append(f"- {r.name}: {links}")
-        if head.out and (head.out / "headline.md").is_file():
+        if head.out and (head.out / "headline.md").is_file():  # linked, not quoted: the page stays answer-first
             from phasefix.comparison import ARM_NAMES
-            from phasefix.quotes import quote_text
 
             rel = head.out.relative_to(PROJECT_ROOT / "docs")
             codes = ", ".join(f"{k} = `{v}`" for k, v in ARM_NAMES.items())
-            out += ["", "## The headline table", "",
-                    f"Every padding, with training time and lm_loss, as `python -m phasefix.report tables=...` wrote "
-                    f"[{rel}/headline.md]({rel}/headline.md)", f"(arm codes of that time: {codes}).", "",
-                    f"<!-- quote: {rel}/headline.md -->\n" + quote_text((head.out / "headline.md").read_text())
-                    + "<!-- /quote -->"]
+            out += ["", f"The headline table, every padding with training time and lm_loss, as `python -m phasefix.report "
+                    f"tables=...` wrote it: [{rel}/headline.md]({rel}/headline.md) (arm codes of that time: {codes})."]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -86,7 +86,16 @@ def test_zero_cost_is_issue_54s_grid():
     assert [r.name for r in comp.regimes] == ["w4s4_inseqfirst", "w8s8_inseqfirst", "coverage_w8s8_curric",
                                               "records64"]
     first = cells(comp)
-    assert len(first) == 9 + 3 * 10 and {c.seed for c in first if c.regime == "w4s4_inseqfirst"} == {3}
+    assert len(first) == 9 + 3 * 10 + 1 and {c.seed for c in first if c.regime == "w4s4_inseqfirst"} == {3}
+    # coverage_w8s8_curric also tries the gate term switched on late (the documented weight lowered its mean)
+    assert "shift_spread_late_gate_diversity" in comp.regimes[2].arms
+
+
+def test_zero_cost_long_trains_its_cells_to_4500_steps():
+    comp = load_comparison(PROJECT_ROOT / "comparisons/zero_cost_long.yaml")
+    assert [c.overrides() for c in cells(comp) if c.seed == 0] == [
+        ["regime=coverage_w8s8_curric", f"arm={a}", "seed=0", "trainer.max_steps=4500"]
+        for a in ("baseline", "shift_spread")]
 
 
 def test_then_seeds_go_only_to_arms_that_learned_and_are_not_below_the_baseline(tmp_path):

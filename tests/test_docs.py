@@ -52,7 +52,7 @@ def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
             assert text[start:end] == quote_text(path.read_text()), \
                 f"{doc.name}'s quote of {path} differs from the file: rerun its phasefix.report command with into="
             seen += 1
-    assert seen >= 1  # docs/results.md quotes its headline
+    assert seen >= 1  # docs/evaluate.md quotes its table
 
 
 def test_results_are_generated_and_open_with_the_answer():
