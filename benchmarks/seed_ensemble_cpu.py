@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
+import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step_cpu import ISA_ENV, REGIMES, build  # noqa: E402
+from train_step_cpu import ISA_ENV, REGIMES, build, cap_isa, run_info  # noqa: E402
 
 
 def main() -> None:
@@ -36,8 +35,7 @@ def main() -> None:
     ap.add_argument("--isa", choices=["native", *ISA_ENV], default="native",
                     help="avx2: cap ATen, oneDNN and MKL at AVX2, as on a CPU without AVX-512 (train_step_cpu's rule)")
     args = ap.parse_args()
-    if args.isa != "native" and any(os.environ.get(k) != v for k, v in ISA_ENV[args.isa].items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_ENV[args.isa]})
+    cap_isa(args.isa)
 
     from torch.func import functional_call, grad, stack_module_state, vmap
 
@@ -45,8 +43,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     overrides = REGIMES[args.regime] + [f"model.attn_impl={args.attn_impl}"]
-    models = [build(overrides, seed)[0] for seed in range(args.seeds)]
-    batch = build(overrides, 0)[1]
+    built = [build(overrides, seed) for seed in range(args.seeds)]
+    models, batch = [b[0] for b in built], built[0][1]  # seed 0's batch for every model
     x, y = batch["input_ids"], batch["labels"]
 
     def one_by_one():
@@ -76,11 +74,9 @@ def main() -> None:
             f()
             times[name].append(time.process_time() - t)
     a, b = statistics.median(times["one_by_one"]), statistics.median(times["ensemble"])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"{args.regime}, {args.seeds} seeds, attn_impl={args.attn_impl}, capability "
-          f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, commit {commit}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, 1 thread, CPU s per forward+backward of all seeds "
-          f"(median of {args.repeats}):")
+    print(json.dumps(run_info(threads=1, clock="cpu", isa=args.isa, regime=args.regime, seeds=args.seeds,
+                              attn_impl=args.attn_impl)))
+    print(f"CPU s per forward + backward of all seeds (median of {args.repeats}):")
     print(f"  one by one {a:.3f}  {[round(v, 3) for v in times['one_by_one']]}")
     print(f"  ensemble   {b:.3f}  {[round(v, 3) for v in times['ensemble']]}")
     print(f"  ensemble speedup {a / b:.2f}x")

@@ -282,6 +282,26 @@ def cpu_info() -> dict:
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_average": load}
 
 
+def cap_isa(isa: str) -> None:
+    """`--isa avx2`: start this script again with ISA_ENV set (torch reads it when it loads), then cap inductor's
+    generated C++ at 256-bit vectors; `native`: nothing."""
+    if isa == "native":
+        return
+    env = ISA_ENV[isa]
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.simdlen = 256
+
+
+def run_info(**settings) -> dict:
+    """What a benchmark's figures name: commit, time, machine, torch, the CPU (`cpu_info`) and its own settings."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"commit": commit, "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": platform.node(), "torch": torch.__version__, **settings, **cpu_info()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="extra phasefix.fit overrides for every regime (Hydra syntax)")
@@ -302,21 +322,11 @@ def main() -> None:
     ap.add_argument("--isa", choices=["native", *ISA_ENV], default="native",
                     help="avx2: cap every kernel at AVX2, as on a CPU without AVX-512 and bf16 matmul instructions")
     args = ap.parse_args()
-    if args.isa != "native":
-        env = ISA_ENV[args.isa]
-        if any(os.environ.get(k) != v for k, v in env.items()):  # torch reads them when it loads: start again
-            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
-        import torch._inductor.config as inductor_config
-
-        inductor_config.cpp.simdlen = 256
+    cap_isa(args.isa)
     torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = {"commit": commit, "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": platform.node(), "torch": torch.__version__, "threads": args.threads, "clock": args.clock,
-            "isa": args.isa,
-            **cpu_info()}
+    info = run_info(threads=args.threads, clock=args.clock, isa=args.isa)
     print(json.dumps(info), flush=True)
     results = []
     torch._dynamo.config.recompile_limit = 64  # every variant of every regime compiles the same forward anew

@@ -87,15 +87,33 @@ def test_zero_cost_is_issue_54s_grid():
                                               "records64"]
     first = cells(comp)
     assert len(first) == 9 + 3 * 10 + 1 and {c.seed for c in first if c.regime == "w4s4_inseqfirst"} == {3}
-    # coverage_w8s8_curric also tries the gate term switched on late (the documented weight lowered its mean)
-    assert "shift_spread_late_gate_diversity" in comp.regimes[2].arms
 
 
-def test_zero_cost_long_trains_its_cells_to_4500_steps():
+def test_zero_cost_long_cells_equal_a_3000_step_run_forked_to_4500():
+    """zero_cost_long's shift_spread cells were forked from zero_cost's step-3,000 checkpoints: that is its cells'
+    training only if the learning rate of a 4,500-step run is the 3,000-step run's up to step 3,000 (the schedule
+    depends on max_steps unless it is constant after warm-up) and the cell composes to 4,500 steps."""
+    from omegaconf import OmegaConf
+
+    from phasefix.fit import compose
+    from phasefix.module import PhaseFixModule
+
     comp = load_comparison(PROJECT_ROOT / "comparisons/zero_cost_long.yaml")
-    assert [c.overrides() for c in cells(comp) if c.seed == 0] == [
-        ["regime=coverage_w8s8_curric", f"arm={a}", "seed=0", "trainer.max_steps=4500"]
-        for a in ("baseline", "shift_spread")]
+    lrs = []
+    for cell in [c for c in cells(comp) if (c.arm, c.seed) == ("shift_spread", 0)]:
+        for steps in (cell.steps, 3000):
+            cfg = compose([*cell.overrides(), f"trainer.max_steps={steps}"])
+            assert cfg.trainer.max_steps == steps
+            module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                                    optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=steps)
+            sched = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+            lrs.append([sched.lr_lambdas[0](s) for s in range(0, 3000, 50)])
+    assert len(lrs) == 2 and lrs[0] == lrs[1]
+    cfg = compose(["regime=coverage_w8s8_curric", "optim.min_lr_ratio=0.1"])  # a decaying schedule would differ
+    decaying = [PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                               optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=n)
+                .configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0](2000) for n in (3000, 4500)]
+    assert decaying[0] < decaying[1]
 
 
 def test_then_seeds_go_only_to_arms_that_learned_and_are_not_below_the_baseline(tmp_path):
