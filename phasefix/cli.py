@@ -162,6 +162,10 @@ def overrides(argv: Sequence[str], config_name: str, positional: str | None = No
                 continue
             raise ConfigError(f"argument {arg!r} is invalid: expected key=value (python -m phasefix.{config_name} "
                               "--help lists the keys)")
+        head = key.lstrip("+~").split(".", 1)[0]
+        if "." in key and typing.get_origin(types.get(head)) is dict:  # an entry of a mapping option (tags.K=V)
+            out.append(f"++{key.lstrip('+~')}={quoted(value)}")
+            continue
         out.append(_override(key, value, types.get(key)))
     return out
 
@@ -189,7 +193,11 @@ def options(args, config_name: str, positional: str | None = None) -> DictConfig
         return args
     if isinstance(args, typing.Mapping):
         try:
-            return OmegaConf.merge(compose([], config_name), dict(args))
+            cfg = compose([], config_name)
+            for k, v in args.items():  # a mapping option (tags) takes keys of its own
+                if isinstance(v, typing.Mapping) and isinstance(cfg.get(k), DictConfig):
+                    OmegaConf.set_struct(cfg[k], False)
+            return OmegaConf.merge(cfg, dict(args))
         except Exception as e:
             raise ConfigError(one_line_error(e, [f"{k}={v}" for k, v in args.items()], config_name)) from None
     return compose(overrides(list(args), config_name, positional), config_name)

@@ -161,7 +161,8 @@ class FitConfig:
 def option(default, help: str, **tool_defaults):
     """A tool option: its default, the line `--help` prints, and defaults that depend on the tool (`run=24, audit=4`
     where the schema's own default is None)."""
-    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    factory = {"default_factory": lambda: type(default)(default)} if isinstance(default, (list, dict)) \
+        else {"default": default}
     return field(**factory, metadata={"help": help, **tool_defaults})
 
 
@@ -197,6 +198,7 @@ class EvaluateConfig:
     tracking_uri: str | None = option(None, "MLflow tracking URI (MLFLOW_TRACKING_URI or the project's store)")
     experiment: str = option("phasefix", "MLflow experiment")
     run_name: str | None = option(None, "MLflow run name (eval-<task>-<model>)")
+    tags: dict[str, str] = option({}, "more MLflow tags on the run (tags.comparison=NAME: a comparison's re-scoring)")
     out: str | None = option(None, "output directory (outputs/<date>/<time>-<run name>)")
     progress: bool = option(True, "progress bars")
     verbose: bool = option(False, "the libraries' own output too (-v)")

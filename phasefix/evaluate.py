@@ -202,10 +202,10 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     c = tracking.client(opts["tracking_uri"])
     tags = {**target.tags, "task": opts["task"], "period": str(period), "stride": str(stride or "none"),
-            "source": target.source, "phasefix.kind": "evaluate", "output_dir": str(out.resolve())}
+            "source": target.source, "phasefix.kind": "evaluate", "output_dir": str(out.resolve()), **opts["tags"]}
     run_id = tracking.create_run(c, opts["experiment"], name, tags)  # tags git_commit too
     tracking.log_params(c, run_id, {k: (",".join(v) if isinstance(v, list) else v) for k, v in opts.items()
-                                    if k != "verbose"}
+                                    if k not in ("verbose", "tags")}
                         | {"period": period, "stride": stride, "batch_size": batch_size})
     t0 = time.time()
     with tracking.running(c, run_id):

@@ -292,12 +292,15 @@ def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
 
 def rescored_sources(c, runs: Sequence) -> dict:
     """{evaluate run id: the regime-tagged fit run it re-scored (tag phasefix.source_run)}, so that a re-scoring
-    (e.g. more prompts per residue) joins the decisive table as the run it measured; a source no longer in the store
-    is left out."""
+    (e.g. more prompts per residue) joins the decisive table as the run it measured; of several re-scorings of one
+    run, the one on the most prompts per residue; a source no longer in the store is left out."""
     from mlflow.exceptions import MlflowException
 
-    out = {}
-    for r in runs:
+    def prompts(run) -> float:
+        return number(run.data.params.get("per_residue"))
+
+    out, best = {}, {}
+    for r in runs:  # oldest first: of two re-scorings on as many prompts, the later stands
         sid = r.data.tags.get("phasefix.source_run")
         if not sid or r.data.tags.get("regime"):
             continue
@@ -305,8 +308,9 @@ def rescored_sources(c, runs: Sequence) -> dict:
             src = c.get_run(sid)
         except MlflowException:
             continue
-        if src.data.tags.get("regime"):
-            out[r.info.run_id] = src
+        if src.data.tags.get("regime") and not prompts(r) < prompts(best.get(sid, r)):
+            out.pop(best.get(sid, r).info.run_id, None)
+            out[r.info.run_id], best[sid] = src, r
     return out
 
 
@@ -380,12 +384,15 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     where = (f"runs={','.join(opts['runs'])}" if opts["runs"] else
              f"experiment={opts['experiment'] or 'phasefix'} {tag_options}")
     check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
+    selected = {r.info.run_id for r in runs}
+    sources = rescored_sources(c, runs)
+    rescored = {src.info.run_id for src in sources.values()}
+    runs = [r for r in runs if r.info.run_id not in rescored]  # a re-scored run stands as its re-scoring
     rows, curves, flips = collect(c, runs)
     check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
-    sources = rescored_sources(c, runs)
     facts = regime_facts(c, runs, sources)
     joined, pooled = joined_rows(list(cfg.join), {(f["regime"], f["arm"]) for f in facts.values()},
-                                 {r.info.run_id for r in runs}, list(cfg.join_regimes),
+                                 selected, list(cfg.join_regimes),
                                  skip_known=bool(cfg.join_regimes)) if cfg.join else ([], [])
 
     out = out_dir(opts["out"])

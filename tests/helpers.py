@@ -94,3 +94,19 @@ def committed_table(folder: Path, rows) -> Path:
             for r in rows for p in ("in_sequence", "prefix")]
     write_csv(folder / "decisive.csv", full, comparison.COLUMNS)
     return folder
+
+
+def save_fit_run(run_dir: Path, cfg) -> None:
+    """A fit's output directory as `phasefix.fit` leaves one (config.yaml, checkpoints/last.ckpt) for the model `cfg`
+    composes, untrained: what evaluate and re-scoring read back without a minute of training."""
+    from omegaconf import OmegaConf
+
+    from phasefix.module import PhaseFixModule
+
+    module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                            optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=1,
+                            paddings=("prefix",), period=24)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()},
+               run_dir / "checkpoints" / "last.ckpt")

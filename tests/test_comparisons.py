@@ -76,6 +76,9 @@ def test_a_bad_comparison_file_is_one_line_naming_the_key(tmp_path):
     bad.write_text("regimes:\n  default:\n    arms: [bridge, nonesuch]\n")
     with pytest.raises(ConfigError, match=r"regimes.default.arms=.*nonesuch.* is invalid: allowed values"):
         load_comparison(bad)
+    bad.write_text("per_residue: 0\nregimes:\n  default: [baseline]\n")
+    with pytest.raises(ConfigError, match=r"per_residue=0 is invalid: must be an integer >= 1"):
+        load_comparison(bad)
     bad.write_text("base: [model.window=5]\nregimes:\n  default: [baseline]\n")
     with pytest.raises(ConfigError, match="must not change what a cell trains"):
         load_comparison(bad)
@@ -259,3 +262,55 @@ def test_the_tables_of_cells_run_by_hand_say_which_arms_the_staged_rule_stops(tm
     log("shift_spread", 1, 0.6)  # trained on anyway: no longer stopped, and the old file does not say it is
     assert run_comparison(spec, tracking_uri=uri, report_only=True)["stopped"] == {}
     assert not (tmp_path / "out" / "stopped.md").exists()
+
+
+def test_cells_scored_on_fewer_prompts_than_per_residue_are_re_scored_once_and_the_tables_take_the_re_scoring(
+        tmp_path, monkeypatch):
+    """`per_residue: 2`: the cell the fit scored on 1 prompt per residue (one trained before the key was set; it
+    logged 0.95) is scored again by phasefix.evaluate from its checkpoint, an untrained model, and the tables hold that
+    re-scoring for it: 24 x 2 prompts per padding, about chance, one member per seed (not the fit and its re-scoring
+    both). A cell the fit scored on 2 prompts is not re-scored, nor one whose checkpoint is gone (its scores stand);
+    a second report re-scores nothing."""
+    import json
+
+    from helpers import phase_result, save_fit_run
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    spec = tmp_path / "resc.yaml"
+    spec.write_text(f"name: resc\nbase: [trainer.progress_bar=false, eval.n_boot=20]\nseeds: [0, 1]\n"
+                    f"per_residue: 2\nout: {tmp_path / 'out'}\nregimes:\n  default:\n    arms: [baseline, spread]\n")
+    fits = {}
+
+    def fit(cfg, callbacks=()):
+        assert cfg.eval.per_residue == 2  # a new cell scores on the file's count itself
+        if cfg.arm == "spread":
+            cfg.eval.per_residue = 1  # as if trained before the file asked for 2
+        run_dir = tmp_path / "runs" / f"{cfg.arm}-s{cfg.seed}"
+        if (cfg.arm, cfg.seed) != ("spread", 1):  # spread s1's checkpoint is on another machine
+            save_fit_run(run_dir, cfg)
+        run_id = tracking.create_run(c, "phasefix", f"{cfg.arm}-s{cfg.seed}", tags={
+            "phasefix.kind": "fit", "comparison": "resc", "regime": cfg.regime, "arm": cfg.arm,
+            "output_dir": str(run_dir)})
+        tracking.log_params(c, run_id, C.to_container(cfg))
+        for pad in ("prefix", "in_sequence"):
+            tracking.log_phase_result(c, run_id, pad, phase_result(cfg.seed, 0.95, 0.0))
+        c.set_terminated(run_id, "FINISHED")
+        fits[f"{cfg.arm}-s{cfg.seed}"] = run_id
+        return {"prefix": {"acc_mean": 0.95, "acc_worst": 0.95}, "mlflow_run_id": run_id}
+
+    res = run_comparison(spec, fit_fn=fit, tracking_uri=uri)
+    assert res["rc"] == 0 and res["rescored"] == 1
+    summary = json.loads((tmp_path / "runs" / "spread-s0" / "pr2" / "summary.json").read_text())
+    assert summary["prefix"]["count"] == [2] * 24 and summary["in_sequence"]["count"] == [2] * 24
+    assert c.get_run(summary["mlflow_run_id"]).data.tags["phasefix.source_run"] == fits["spread-s0"]
+    members = read_rows(tmp_path / "out" / "decisive_runs.csv")
+    assert sorted({m["run_name"] for m in members}) == ["baseline-s0", "baseline-s1", "spread-s0-pr2", "spread-s1"]
+    rescored = next(m for m in members if m["run_name"] == "spread-s0-pr2" and m["padding"] == "prefix")
+    assert float(rescored["acc_mean"]) == pytest.approx(summary["prefix"]["acc_mean"], abs=1e-4)
+    assert float(rescored["acc_mean"]) < 0.5  # the untrained model, not the 0.95 the fit logged
+    rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
+    assert rows[("spread", "prefix")]["seeds"] == "2"
+    assert fits["spread-s0"] not in (tmp_path / "out" / "comparison.csv").read_text()
+    assert run_comparison(spec, fit_fn=fit, tracking_uri=uri, report_only=True)["rescored"] == 0

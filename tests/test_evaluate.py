@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import save_fit_run
 from mlflow.tracking import MlflowClient
 
 from phasefix.data.text_prompts import (ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe,
@@ -219,20 +220,11 @@ def test_logits_at_matches_full_logits(hf_dir):
 
 
 def test_phasefix_checkpoint_uses_its_training_task(tmp_path):
-    from omegaconf import OmegaConf
-
     from phasefix.fit import compose
-    from phasefix.module import PhaseFixModule
 
     cfg = compose([])
-    module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
-                            optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=1,
-                            paddings=("prefix",), period=24)
     run_dir = tmp_path / "fitrun"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()},
-               run_dir / "checkpoints" / "last.ckpt")
+    save_fit_run(run_dir, cfg)
     summary = evaluate([f"model={run_dir}", "task=kv_lookup", "per_residue=1", "padding=prefix"]
                        + run_args(tmp_path, "out"))
     assert summary["stride"] == cfg.model.stride and summary["period"] == 24
@@ -242,27 +234,13 @@ def test_phasefix_checkpoint_uses_its_training_task(tmp_path):
         evaluate([f"model={run_dir}", "task=flip"] + run_args(tmp_path, "out2"))
 
 
-def _save_fit_run(run_dir, cfg):
-    from omegaconf import OmegaConf
-
-    from phasefix.module import PhaseFixModule
-
-    module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
-                            optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=1,
-                            paddings=("prefix",), period=24)
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()},
-               run_dir / "checkpoints" / "last.ckpt")
-
-
 def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
     from phasefix.data import eval_task_kwargs, make_phase_eval
     from phasefix.fit import compose
 
     cfg = compose(["data=lm_mix", "model.vocab_size=384", "data.text_before=16"])
     run_dir = tmp_path / "lmrun"
-    _save_fit_run(run_dir, cfg)
+    save_fit_run(run_dir, cfg)
     plain_prompt = make_phase_eval("kv_lookup", "prefix", per_residue=1, **eval_task_kwargs(cfg.data))[0]
     plain_length = len(plain_prompt["input_ids"])
     base = [f"model={run_dir}", "task=kv_lookup", "per_residue=1", "padding=prefix"]
@@ -272,7 +250,7 @@ def test_lm_mix_checkpoint_is_evaluated_with_text_before_the_records(tmp_path):
     plain = evaluate(base + ["text=false"] + run_args(tmp_path, "b"))
     assert plain["prompts"]["prefix"]["prompt_length"] == plain_length
     plain_run = tmp_path / "plainrun"
-    _save_fit_run(plain_run, compose([]))
+    save_fit_run(plain_run, compose([]))
     with pytest.raises(ConfigError, match="text=True.*lm_mix"):
         evaluate([f"model={plain_run}", "task=kv_lookup", "text=true"] + run_args(tmp_path, "c"))
 
@@ -323,7 +301,7 @@ def test_phasefix_run_named_by_a_unique_mlflow_id_prefix(tmp_path):
     from phasefix.fit import compose
 
     run_dir = tmp_path / "fitrun"
-    _save_fit_run(run_dir, compose([]))
+    save_fit_run(run_dir, compose([]))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)
     exp = tracking.get_or_create_experiment(c, "phasefix")

@@ -30,7 +30,7 @@ import yaml
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
 
-TOP_KEYS = ("name", "description", "base", "seeds", "regimes", "then", "tables", "out", "storage",
+TOP_KEYS = ("name", "description", "base", "seeds", "regimes", "then", "per_residue", "tables", "out", "storage",
             "experiment_name", "tracking_uri")
 REGIME_KEYS = ("arms", "seeds", "steps", "table", "then")
 THEN_KEYS = ("seeds", "when")
@@ -59,6 +59,7 @@ class Comparison:
     base: list[str] = field(default_factory=list)
     then_seeds: list[int] = field(default_factory=list)
     then_when: str = "learned_not_below_baseline"
+    per_residue: int | None = None  # prompts per residue group of every cell's final scores (fewer: re-scored)
     tables: list[str] = field(default_factory=list)  # the report's committed folders (`report tables=`)
     out: Path | None = None
     storage: str | None = None
@@ -173,8 +174,13 @@ def _parse(raw: dict, path: Path) -> Comparison:
     check(isinstance(tables, list) and all(isinstance(t, str) for t in tables), "tables", tables,
           "must be a list of committed report folders (DIR or DIR:REGIME)")
     out = raw.get("out")
+    per_residue = raw.get("per_residue")
+    check(per_residue is None or (isinstance(per_residue, int) and not isinstance(per_residue, bool)
+                                  and per_residue >= 1), "per_residue", per_residue, "must be an integer >= 1")
+    if per_residue:  # a new cell scores on as many prompts; one trained before is re-scored (grid.rescore)
+        base = [*base, f"eval.per_residue={per_residue}"]
     return Comparison(name=str(name), path=path, regimes=regimes, base=list(base), then_seeds=then_seeds,
-                      then_when=when, tables=list(tables), out=(PROJECT_ROOT / out) if out else None,
+                      then_when=when, per_residue=per_residue, tables=list(tables), out=(PROJECT_ROOT / out) if out else None,
                       storage=raw.get("storage"), experiment_name=raw.get("experiment_name"),
                       tracking_uri=raw.get("tracking_uri"), description=str(raw.get("description") or ""))
 

@@ -95,10 +95,11 @@ def narrow(comp: Comparison, only: list[str]) -> Comparison:
 
 def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: str | None = None,
                    tracking_uri: str | None = None, out: str | Path | None = None, only: list[str] = (),
-                   report_only: bool = False) -> dict:
-    """Run every missing cell of a comparison file (then its `then` seeds, where they apply) and write its tables.
-    `storage`, `tracking_uri`, `out` replace the file's; `only` runs a slice of it (`narrow`); `report_only` trains
-    nothing and writes the tables of what is finished. Returns {'rc', 'cells', 'stopped': {(regime, arm): why},
+                   report_only: bool = False, evaluate_fn=None) -> dict:
+    """Run every missing cell of a comparison file (then its `then` seeds, where they apply), re-score the cells
+    scored on fewer prompts than its `per_residue` (`rescore`) and write its tables. `storage`, `tracking_uri`, `out`
+    replace the file's; `only` runs a slice of it (`narrow`); `report_only` trains nothing (it still re-scores) and
+    writes the tables of what is finished. Returns {'rc', 'cells', 'stopped': {(regime, arm): why}, 'rescored',
     'files'}."""
     comp = load_comparison(path)
     comp.storage = storage or comp.storage
@@ -106,8 +107,9 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
     comp.out = Path(out) if out is not None else comp.out
     check(workers >= 1, "workers", workers, "must be >= 1")
     if report_only:
+        rescored = rescore(comp, evaluate_fn)
         files, stopped = write_tables(comp, {})
-        return {"rc": 0, "cells": 0, "stopped": stopped, "files": files}
+        return {"rc": 0, "cells": 0, "stopped": stopped, "rescored": rescored, "files": files}
     run = narrow(comp, list(only)) if only else comp  # the cells this call trains; the tables are comp's
     stage = "-only-" + "+".join(sorted(only)).replace("/", ".") if only else ""  # a slice's grid: its own study
     from phasefix.fit import compose, plan_model
@@ -129,8 +131,55 @@ def run_comparison(path: str | Path, workers: int = 1, fit_fn=None, *, storage: 
                     print(f"[comparison] {r.name}/{a}: stops at seeds {r.seeds} ({why})", flush=True)
         if later:
             rc, _ = run_grid(run, later, stage + "-then", workers, reuse)
+    rescored = rescore(comp, evaluate_fn) if rc == 0 else 0
     files = write_tables(comp, stopped)[0] if rc == 0 else []
-    return {"rc": rc, "cells": len(grid) + len(later), "stopped": stopped, "files": files}
+    return {"rc": rc, "cells": len(grid) + len(later), "stopped": stopped, "rescored": rescored, "files": files}
+
+
+def rescore(comp: Comparison, evaluate_fn=None) -> int:
+    """Score again, on the file's `per_residue` prompts per residue group, every FINISHED fit run of the comparison
+    (tag comparison=<name>) scored on fewer and not re-scored on as many yet: `phasefix.evaluate` of its last
+    checkpoint (same task, same evaluation seed), an evaluate run tagged comparison=<name> that the tables then take
+    for that cell (report.rescored_sources), so that every cell's worst residue rests on as many prompts. A run whose
+    checkpoint is not on this machine keeps its scores (printed). Returns how many were re-scored."""
+    from phasefix import tracking
+    from phasefix.comparison import number
+    from phasefix.errors import ConfigError
+    from phasefix.evaluate import evaluate
+
+    if not comp.per_residue:
+        return 0
+    c = tracking.client(comp.tracking_uri)
+    runs = tracking.select_runs(c, experiment=comp.experiment_name, tags={"comparison": comp.name})
+
+    def prompts(r) -> float:  # a fit run's final scoring (eval.per_residue), a re-scoring's (per_residue)
+        return number(r.data.params.get("eval.per_residue") or r.data.params.get("per_residue"))
+
+    def kind(r) -> str | None:
+        return r.data.tags.get("phasefix.kind")
+
+    done = {r.data.tags.get("phasefix.source_run") for r in runs
+            if kind(r) == "evaluate" and prompts(r) >= comp.per_residue}
+    todo = [r for r in runs if kind(r) == "fit" and r.info.status == "FINISHED" and r.info.run_id not in done
+            and not prompts(r) >= comp.per_residue]
+    n = 0
+    for r in todo:
+        args = {"model": r.info.run_id, "task": "kv_lookup", "per_residue": comp.per_residue, "progress": False,
+                "run_name": f"{r.info.run_name}-pr{comp.per_residue}", "tags": {"comparison": comp.name},
+                "experiment": c.get_experiment(r.info.experiment_id).name,  # beside the run it measured:
+                **({"out": str(Path(r.data.tags["output_dir"]) / f"pr{comp.per_residue}")}
+                   if r.data.tags.get("output_dir") else {}),
+                **({"seed": int(number(r.data.params["eval.seed"]))} if "eval.seed" in r.data.params else {}),
+                **({"tracking_uri": comp.tracking_uri} if comp.tracking_uri else {})}
+        try:
+            (evaluate_fn or evaluate)(args)
+        except ConfigError as e:  # its checkpoint is on another machine
+            print(f"[comparison] {r.info.run_name}: not re-scored, its {int(prompts(r))}-prompt scores stand ({e})",
+                  flush=True)
+            continue
+        n += 1
+        print(f"[comparison] {r.info.run_name}: re-scored on {comp.per_residue} prompts per residue", flush=True)
+    return n
 
 
 def join_folders(comp: Comparison, selected: set[str]) -> list[str]:
@@ -235,5 +284,5 @@ def stopped_in_tables(comp: Comparison) -> dict:
     return stopped
 
 
-__all__ = ["grid_spec", "join_folders", "narrow", "qualifies", "run_comparison", "run_grid", "stopped_in_tables",
-           "write_stopped", "write_tables"]
+__all__ = ["grid_spec", "join_folders", "narrow", "qualifies", "rescore", "run_comparison", "run_grid",
+           "stopped_in_tables", "write_stopped", "write_tables"]
