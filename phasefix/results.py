@@ -230,8 +230,9 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
                        key=lambda r: order.get(r["regime"], len(order)))
         out += ["", f"## {comp.name}: {comp.description}", "",
                 f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table "
-                f"[{comp.out.relative_to(PROJECT_ROOT)}]({comp.out.relative_to(PROJECT_ROOT / 'docs')}/decisive.md).",
-                ""]
+                f"[{comp.out.relative_to(PROJECT_ROOT)}]({comp.out.relative_to(PROJECT_ROOT / 'docs')}/decisive.md)"
+                + (f"; its cells scored on {comp.per_residue} prompts per residue (rows from other tables: as "
+                   "those were)." if comp.per_residue else "."), ""]
         out += verdicts(crows)
         out += ["", "Seeds meeting the goal / seeds scored (mean / worst phase / worst phase other than the boundary, "
                 "over the seeds that", "learned); `cost`: compressor MACs and cache bytes per token against "
