@@ -42,8 +42,8 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
     folder's runs come from its `decisive_runs.csv`; an arm it has only as a `decisive.csv` row (a table written
     before that file) joins as that row, so no new run may be of that arm; a row that names another of the joined
     folders as its table is left to that folder. Checked before anything is written; with `skip_known` (a
-    comparison's tables, which pool runs of the folders before them) a run selected or joined already is skipped, not
-    refused."""
+    comparison's tables, which pool runs of the folders before them) a run selected or joined already, and a row copied
+    from another table of an arm joined already, are skipped, not refused."""
     regimes, rows, members, taken = {r for r, _ in tagged} | set(regimes), [], [], {}
     for folder in specs:
         path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
@@ -57,6 +57,10 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
                if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled
                and not any(r.get("table") and same_folder(r["table"], other) and not same_folder(other, folder)
                            for other in specs)]
+        if skip_known:  # a copy of another table's row (a comparison's own tables) of an arm a folder before gave
+            known = set(taken) | {(m["regime"], m["arm"]) for m in members}
+            got = [r for r in got if not (r.get("table") and not same_folder(r["table"], folder)
+                                          and (r["regime"], r["arm"]) in known)]
         check(bool(got or runs or skip_known), "join", folder,
               f"has no regime of the selected runs ({', '.join(sorted(regimes)) or 'none'})")
         for m in runs:

@@ -391,3 +391,25 @@ def test_new_runs_join_a_committed_table_and_are_judged_against_its_baseline(tmp
     back = {(r["run_id"], r["padding"]): r["table"] for r in read_csv(tmp_path / "d" / "decisive_runs.csv")}
     assert back[(third, "prefix")] == str(tmp_path / "d") and {back[(rid, "prefix")] for rid in first} == \
         {str(tmp_path / "a")}
+
+
+def test_a_comparisons_copy_of_another_tables_row_gives_way_to_a_folder_joined_before_it(tmp_path):
+    """A comparison's own folder holds the baseline rows it copied from folder `a` (their `table` names a) and its own
+    arm's rows. Its regime now lists folder `b` (the same runs re-scored) first and leaves `a` out: joined for the
+    comparison (skip_known), the copy gives way to b's row and the own arm stays; joined plainly, it is refused."""
+    from phasefix import comparison
+    from phasefix.errors import ConfigError
+    from phasefix.tables import joined_rows, write_csv
+
+    rescored = committed_table(tmp_path / "b", [("w4s4", "baseline", 3, 0, 0.80, 0.25)])
+    own = committed_table(tmp_path / "own", [("w4s4", "baseline", 3, 0, 0.79, 0.12),
+                                             ("w4s4", "spread", 3, 3, 1.00, 0.99)])
+    rows = [{**r, "table": str(tmp_path / "a") if r["arm"] == "baseline" else str(own)}
+            for r in comparison.read_table(own / "decisive.csv")]
+    write_csv(own / "decisive.csv", rows, comparison.COLUMNS + ("table",))
+    got, _ = joined_rows([str(rescored), str(own)], set(), set(), ["w4s4"], skip_known=True)
+    assert sorted((r["arm"], r["padding"], r["table"], r["acc_mean"]) for r in got) == [
+        ("baseline", "in_sequence", str(rescored), 0.80), ("baseline", "prefix", str(rescored), 0.80),
+        ("spread", "in_sequence", str(own), 1.00), ("spread", "prefix", str(own), 1.00)]
+    with pytest.raises(ConfigError, match="repeats arm baseline of regime w4s4"):
+        joined_rows([str(rescored), str(own)], set(), set(), ["w4s4"])
