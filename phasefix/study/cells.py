@@ -180,8 +180,8 @@ def _parse(raw: dict, path: Path) -> Comparison:
     if per_residue:  # a new cell scores on as many prompts; one trained before is re-scored (grid.rescore)
         base = [*base, f"eval.per_residue={per_residue}"]
     return Comparison(name=str(name), path=path, regimes=regimes, base=list(base), then_seeds=then_seeds,
-                      then_when=when, per_residue=per_residue, tables=list(tables), out=(PROJECT_ROOT / out) if out else None,
-                      storage=raw.get("storage"), experiment_name=raw.get("experiment_name"),
+                      then_when=when, per_residue=per_residue, tables=list(tables),
+                      out=(PROJECT_ROOT / out) if out else None, storage=raw.get("storage"), experiment_name=raw.get("experiment_name"),
                       tracking_uri=raw.get("tracking_uri"), description=str(raw.get("description") or ""))
 
 

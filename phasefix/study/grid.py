@@ -164,18 +164,17 @@ def rescore(comp: Comparison, evaluate_fn=None) -> int:
             and not prompts(r) >= comp.per_residue]
     n = 0
     for r in todo:
+        out = r.data.tags.get("output_dir")  # the re-scoring goes beside the run it measured, in its experiment
         args = {"model": r.info.run_id, "task": "kv_lookup", "per_residue": comp.per_residue, "progress": False,
                 "run_name": f"{r.info.run_name}-pr{comp.per_residue}", "tags": {"comparison": comp.name},
-                "experiment": c.get_experiment(r.info.experiment_id).name,  # beside the run it measured:
-                **({"out": str(Path(r.data.tags["output_dir"]) / f"pr{comp.per_residue}")}
-                   if r.data.tags.get("output_dir") else {}),
+                "experiment": c.get_experiment(r.info.experiment_id).name,
+                **({"out": str(Path(out) / f"pr{comp.per_residue}")} if out else {}),
                 **({"seed": int(number(r.data.params["eval.seed"]))} if "eval.seed" in r.data.params else {}),
                 **({"tracking_uri": comp.tracking_uri} if comp.tracking_uri else {})}
         try:
             (evaluate_fn or evaluate)(args)
         except ConfigError as e:  # its checkpoint is on another machine
-            print(f"[comparison] {r.info.run_name}: not re-scored, its {int(prompts(r))}-prompt scores stand ({e})",
-                  flush=True)
+            print(f"[comparison] {r.info.run_name}: not re-scored, its own scores stand ({e})", flush=True)
             continue
         n += 1
         print(f"[comparison] {r.info.run_name}: re-scored on {comp.per_residue} prompts per residue", flush=True)
