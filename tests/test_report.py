@@ -288,7 +288,8 @@ def test_a_recorded_command_gives_the_shell_back_the_same_overrides_and_the_tag_
 
 def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, monkeypatch):
     """Evaluate runs of regime-tagged fits (tag phasefix.source_run), in their own experiment: regime, arm, costs and
-    the loss curve come from the fit, the accuracy from the re-scoring; a re-scoring of a vanished run is left out."""
+    the loss curve come from the fit, the accuracy from the re-scoring (of two, the one on more prompts per residue);
+    a re-scoring of a vanished run is left out."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)
     fits = tracking.get_or_create_experiment(c, "fits")
@@ -303,7 +304,11 @@ def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, m
         c.log_dict(fit, {"train_seconds": 100.0 if arm == "baseline" else 120.0}, "summary.json")
         dip = 0.6 if arm == "baseline" else 0.0
         rid = log_run(c, rescore, f"{arm}-s0-pr192", "evaluate", 7, 0.95, dip, {"phasefix.source_run": fit})
+        tracking.log_params(c, rid, {"per_residue": 192})
         expected[arm] = (rid, phase_result(7 + 1, 0.95, dip), 1.0 if arm == "baseline" else 0.5)
+    # a later re-scoring of the arm on fewer prompts, with a dip: the one on 192 prompts stands
+    fewer = log_run(c, rescore, "window_s+1-s0-pr48", "evaluate", 11, 0.95, 0.6, {"phasefix.source_run": fit})
+    tracking.log_params(c, fewer, {"per_residue": 48})
     gone = log_run(c, rescore, "gone-pr192", "evaluate", 9, 0.9, 0.0, {"phasefix.source_run": "0" * 32})
     from phasefix import plots
     drawn, draw = {}, plots.loss_curves
@@ -322,6 +327,7 @@ def test_a_rescoring_joins_the_decisive_table_as_the_run_it_measured(tmp_path, m
         assert float(row["acc_worst"]) == pytest.approx(float(prefix["acc_worst"]), abs=1e-6)
         assert drawn[rid][-1] == pytest.approx(last_loss)  # the fit's training loss, drawn for the re-scoring
     assert rows[("baseline", "prefix")]["goal_met"] == "0" and rows[("window_s+1", "prefix")]["goal_met"] == "1"
+    assert rows[("window_s+1", "prefix")]["seeds"] == "1" and fewer not in rows[("window_s+1", "prefix")]["run_ids"]
     assert float(rows[("window_s+1", "prefix")]["compressor_flops_per_token"]) == 2 * 2 * 128 * 66 * 5 / 4
     assert float(rows[("baseline", "prefix")]["train_seconds"]) == 100.0  # the fit's training time
     assert float(rows[("window_s+1", "in_sequence")]["train_seconds"]) == 120.0
