@@ -152,7 +152,7 @@ def _grads_fp32_and_bf16(build, ids, labels, terms=lambda model: {}):
             loss, _ = next_token_loss(logits, labels)
             loss = loss + sum(terms(model).values())
         loss.backward()
-        out[name] = float(loss), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        out[name] = float(loss.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return out["fp32"], out["bf16"]
 
 
