@@ -48,6 +48,13 @@ def number(x) -> float:
         return math.nan
 
 
+def scored_prompts(run) -> float:
+    """Prompts per residue group behind a run's final scores: a fit's `eval.per_residue`, an evaluate run's
+    `per_residue` (nan when it logged neither)."""
+    params = run.data.params
+    return number(params.get("eval.per_residue") or params.get("per_residue"))
+
+
 def model_config(params: Mapping[str, str]):
     """The run's ModelConfig from its logged `model.*` params (strings; YAML gives them back their types)."""
     import yaml

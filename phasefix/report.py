@@ -296,8 +296,7 @@ def rescored_sources(c, runs: Sequence) -> dict:
     run, the one on the most prompts per residue; a source no longer in the store is left out."""
     from mlflow.exceptions import MlflowException
 
-    def prompts(run) -> float:
-        return number(run.data.params.get("per_residue"))
+    from phasefix.comparison import scored_prompts
 
     out, best = {}, {}
     for r in runs:  # oldest first: of two re-scorings on as many prompts, the later stands
@@ -308,8 +307,10 @@ def rescored_sources(c, runs: Sequence) -> dict:
             src = c.get_run(sid)
         except MlflowException:
             continue
-        if src.data.tags.get("regime") and not prompts(r) < prompts(best.get(sid, r)):
-            out.pop(best.get(sid, r).info.run_id, None)
+        prev = best.get(sid)
+        if src.data.tags.get("regime") and (prev is None or not scored_prompts(r) < scored_prompts(prev)):
+            if prev is not None:
+                del out[prev.info.run_id]
             out[r.info.run_id], best[sid] = src, r
     return out
 

@@ -101,22 +101,19 @@ def test_zero_cost_long_cells_equal_a_3000_step_run_forked_to_4500():
     from phasefix.fit import compose
     from phasefix.module import PhaseFixModule
 
+    def lr_factor(cfg, max_steps: int):  # the module's learning-rate multiplier by step, for a run of max_steps
+        module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                                optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=max_steps)
+        return module.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0]
+
     comp = load_comparison(PROJECT_ROOT / "comparisons/zero_cost_long.yaml")
-    lrs = []
-    for cell in [c for c in cells(comp) if (c.arm, c.seed) == ("shift_spread", 0)]:
-        for steps in (cell.steps, 3000):
-            cfg = compose([*cell.overrides(), f"trainer.max_steps={steps}"])
-            assert cfg.trainer.max_steps == steps
-            module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
-                                    optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=steps)
-            sched = module.configure_optimizers()["lr_scheduler"]["scheduler"]
-            lrs.append([sched.lr_lambdas[0](s) for s in range(0, 3000, 50)])
-    assert len(lrs) == 2 and lrs[0] == lrs[1]
-    cfg = compose(["regime=coverage_w8s8_curric", "optim.min_lr_ratio=0.1"])  # a decaying schedule would differ
-    decaying = [PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
-                               optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=n)
-                .configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0](2000) for n in (3000, 4500)]
-    assert decaying[0] < decaying[1]
+    (cell,) = [c for c in cells(comp) if (c.arm, c.seed) == ("shift_spread", 0)]
+    cfg = compose(cell.overrides())
+    assert cfg.trainer.max_steps == cell.steps == 4500
+    long, short = lr_factor(cfg, 4500), lr_factor(cfg, 3000)
+    assert [long(s) for s in range(0, 3000, 50)] == [short(s) for s in range(0, 3000, 50)]
+    decaying = compose([*cell.overrides(), "optim.min_lr_ratio=0.1"])  # a decaying schedule would differ
+    assert lr_factor(decaying, 3000)(2000) < lr_factor(decaying, 4500)(2000)
 
 
 def test_then_seeds_go_only_to_arms_that_learned_and_are_not_below_the_baseline(tmp_path):

@@ -143,7 +143,7 @@ def rescore(comp: Comparison, evaluate_fn=None) -> int:
     for that cell (report.rescored_sources), so that every cell's worst residue rests on as many prompts. A run whose
     checkpoint is not on this machine keeps its scores (printed). Returns how many were re-scored."""
     from phasefix import tracking
-    from phasefix.comparison import number
+    from phasefix.comparison import number, scored_prompts
     from phasefix.errors import ConfigError
     from phasefix.evaluate import evaluate
 
@@ -152,16 +152,13 @@ def rescore(comp: Comparison, evaluate_fn=None) -> int:
     c = tracking.client(comp.tracking_uri)
     runs = tracking.select_runs(c, experiment=comp.experiment_name, tags={"comparison": comp.name})
 
-    def prompts(r) -> float:  # a fit run's final scoring (eval.per_residue), a re-scoring's (per_residue)
-        return number(r.data.params.get("eval.per_residue") or r.data.params.get("per_residue"))
-
     def kind(r) -> str | None:
         return r.data.tags.get("phasefix.kind")
 
     done = {r.data.tags.get("phasefix.source_run") for r in runs
-            if kind(r) == "evaluate" and prompts(r) >= comp.per_residue}
+            if kind(r) == "evaluate" and scored_prompts(r) >= comp.per_residue}
     todo = [r for r in runs if kind(r) == "fit" and r.info.status == "FINISHED" and r.info.run_id not in done
-            and not prompts(r) >= comp.per_residue]
+            and not scored_prompts(r) >= comp.per_residue]
     n = 0
     for r in todo:
         out = r.data.tags.get("output_dir")  # the re-scoring goes beside the run it measured, in its experiment
