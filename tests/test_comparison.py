@@ -104,6 +104,22 @@ def test_figures_render(tmp_path):
         assert len(fig.axes) >= 1
 
 
+def test_worst_vs_mean_gives_every_arm_its_own_colour():
+    """zero_cost has more than ten arms: matplotlib's ten-colour cycle (C0-C9) drew its 11th arm in its 1st's colour."""
+    arms = [f"arm{i:02d}" for i in range(12)]
+    rows = [_row(a, "prefix", 0.5 + i / 40, 0.4) for i, a in enumerate(arms)]
+    facts = {a: _facts("w8s8", a, True) for a in arms}
+    fig = plots.worst_vs_mean(rows, facts)
+    legend = {t.get_text(): h.get_color() for t, h in zip(fig.axes[0].get_legend().get_texts(),
+                                                           fig.axes[0].get_legend().legend_handles)
+              if t.get_text() in arms}
+    assert sorted(legend) == arms and len({tuple(c) for c in legend.values()}) == 12
+    drawn = {tuple(round(float(v), 6) for v in c.get_offsets()[0]): tuple(c.get_facecolors()[0][:3])
+             for c in fig.axes[0].collections}  # each arm's point is filled in its legend colour
+    assert all(drawn[(0.5 + i / 40, 0.4)] == tuple(legend[a][:3]) for i, a in enumerate(arms))
+    matplotlib.pyplot.close(fig)
+
+
 def _drow(regime, arm, pad, seeds, learned, mean, worst, goal, entries=0.5, flops=1000.0):
     return {"regime": regime, "arm": arm, "padding": pad, "seeds": seeds, "learned": learned, "acc_mean": mean,
             "acc_mean_sd": math.nan, "acc_worst": worst, "acc_worst_sd": math.nan, "worst_excl_boundary": worst,

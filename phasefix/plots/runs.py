@@ -10,6 +10,12 @@ import matplotlib.pyplot as plt
 from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, boundary_residues
 from phasefix.data.layout import PADDINGS
 
+
+def _palette(n: int) -> list:
+    """n distinct colours: tab10 while it suffices, tab20 beyond (C{i % 10} gave the 11th arm the 1st one's)."""
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
 # ------------------------------------------------------------------------------------------------ several runs
 def runs_phase_curves(rows: Sequence[Mapping], curves: Mapping):
     """Several runs' phase curves overlaid (phasefix.report), one panel per padding; the stride grid when all runs
@@ -42,9 +48,9 @@ def runs_pareto(prows: Sequence[Mapping]):
     pads = [p for p in PADDINGS if any(r["padding"] == p for r in prows)]
     fig, axes = plt.subplots(1, len(pads), figsize=(4.2 * len(pads), 3.8), squeeze=False)
     for ax, pad in zip(axes[0], pads):
-        for i, parent in enumerate(dict.fromkeys(r["parent"] for r in prows)):
+        parents = list(dict.fromkeys(r["parent"] for r in prows))
+        for parent, color in zip(parents, _palette(len(parents))):
             pts = [r for r in prows if r["padding"] == pad and r["parent"] == parent]
-            color = f"C{i % 10}"
             ax.scatter([r["acc_mean"] for r in pts], [r["acc_worst"] for r in pts], s=14, color=color, alpha=0.45,
                        label=f"study {parent[:8]}")
             front = sorted((r for r in pts if r["on_front"]), key=lambda r: r["acc_mean"])
@@ -130,19 +136,20 @@ def worst_vs_mean(rows: Sequence[Mapping], facts: Mapping[str, Mapping], padding
     line worst = 0.9 x mean; runs that did not learn are hollow."""
     rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")]
     arms = _arms(rows, facts)
+    colors = _palette(len(arms))
     regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
     markers = "osD^v<>PX*"
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     ax.plot([0, 1], [0, GOAL_RATIO], color="black", lw=0.8, ls="--", label=f"goal: worst = {GOAL_RATIO} x mean")
     for r in rows:
         f = facts[r["run_id"]]
-        color = f"C{arms.index(f['arm']) % 10}"
+        color = colors[arms.index(f["arm"])]
         marker = markers[regimes.index(f["regime"]) % len(markers)]
         if math.isnan(r["acc_mean"]):
             continue
         ax.scatter(r["acc_mean"], r["acc_worst"], s=28, marker=marker, edgecolors=color,
                    facecolors=color if f["learned"] else "none", alpha=0.8, lw=1)
-    arm_handles = [plt.Line2D([], [], ls="", marker="o", color=f"C{i % 10}", label=a) for i, a in enumerate(arms)]
+    arm_handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=a) for a, c in zip(arms, colors)]
     regime_handles = [plt.Line2D([], [], ls="", marker=markers[i % len(markers)], color="grey", label=g)
                       for i, g in enumerate(regimes)]
     goal = ax.get_legend_handles_labels()[0]
@@ -218,17 +225,18 @@ def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mappi
     regimes = list(dict.fromkeys(facts[rid]["regime"] for rid in runs))
     arms = sorted(dict.fromkeys(facts[rid]["arm"] for rid in runs),
                   key=lambda a: (a != BASELINE_ARM, a))
+    colors = _palette(len(arms))
     fig, axes = plt.subplots(1, max(len(regimes), 1), figsize=(3.6 * max(len(regimes), 1) + 1.8, 3.0), squeeze=False)
     for ax, regime in zip(axes[0], regimes):
         for rid in (r for r in runs if facts[r]["regime"] == regime):
             arm = facts[rid]["arm"]
             pts = [(s, v) for s, v in enumerate(losses[rid]) if not math.isnan(v)]
-            ax.plot([s for s, _ in pts], [v for _, v in pts], lw=0.8, alpha=0.8, color=f"C{arms.index(arm) % 10}")
+            ax.plot([s for s, _ in pts], [v for _, v in pts], lw=0.8, alpha=0.8, color=colors[arms.index(arm)])
         ax.set_title(regime, fontsize=8)
         ax.set_xlabel("step", fontsize=7)
         ax.tick_params(labelsize=6)
     axes[0, 0].set_ylabel("training loss", fontsize=7)
-    fig.legend(handles=[plt.Line2D([], [], color=f"C{i % 10}", label=a) for i, a in enumerate(arms)],
+    fig.legend(handles=[plt.Line2D([], [], color=c, label=a) for a, c in zip(arms, colors)],
                loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig
