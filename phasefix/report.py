@@ -62,7 +62,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from phasefix.comparison import number
+from phasefix.comparison import number, scored_prompts
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 from phasefix.quotes import inside, quotes, refresh_quotes
@@ -295,8 +295,6 @@ def rescored_sources(c, runs: Sequence) -> dict:
     (e.g. more prompts per residue) joins the decisive table as the run it measured; of several re-scorings of one
     run, the one on the most prompts per residue; a source no longer in the store is left out."""
     from mlflow.exceptions import MlflowException
-
-    from phasefix.comparison import scored_prompts
 
     out, best = {}, {}
     for r in runs:  # oldest first: of two re-scorings on as many prompts, the later stands

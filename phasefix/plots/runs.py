@@ -10,13 +10,13 @@ import matplotlib.pyplot as plt
 from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, boundary_residues
 from phasefix.data.layout import PADDINGS
 
-
+# ------------------------------------------------------------------------------------------------ several runs
 def _palette(n: int) -> list:
     """n distinct colours: tab10 while it suffices, tab20 beyond (C{i % 10} gave the 11th arm the 1st one's)."""
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     return [cmap(i % cmap.N) for i in range(n)]
 
-# ------------------------------------------------------------------------------------------------ several runs
+
 def runs_phase_curves(rows: Sequence[Mapping], curves: Mapping):
     """Several runs' phase curves overlaid (phasefix.report), one panel per padding; the stride grid when all runs
     share one stride. rows/curves: `phasefix.report.collect`'s."""
