@@ -169,6 +169,19 @@ def test_gate_statistics_of_a_one_hot_gate():
     assert int(s["preferred_slot"][0]) == 2 and int(s["preferred_phase"][0]) == 2
 
 
+def test_gate_statistics_give_each_spread_head_its_own_phase():
+    model = tiny_model(head_offsets="spread")  # W = S = 4, two KV heads: grid offsets 0 and 2
+    with torch.no_grad():  # both KV heads of layer 0 always read slot 2
+        comp = model.compressors()[0]
+        comp.key_gate.zero_()
+        comp.key_gate_bias.fill_(-1e4)
+        comp.key_gate_bias[2, :] = 0
+    s = gate_statistics(model, tiny_set(), max_prompts=4)[0]["key"]
+    assert s["preferred_slot"].tolist() == [2, 2]
+    # slot i of a head with offset d holds a token of phase (i - W - d) mod S: (2-4-0) mod 4 = 2, (2-4-2) mod 4 = 0
+    assert s["preferred_phase"].tolist() == [2, 0]
+
+
 # ------------------------------------------------------------------------------------------------ CLI end to end
 def test_confusions_sort_wrong_answers_by_where_the_value_stands():
     from phasefix.analyze.confusions import classify

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from phasefix.analyze import RunContext, eval_set, fmt, log_results
 from phasefix.errors import ConfigError
-from phasefix.mitigations.gates import effective_slots, empty_windows, slot_phases
+from phasefix.mitigations.gates import effective_slots, empty_windows, head_slot_phases
 
 
 def check_gated(config) -> None:
@@ -55,7 +55,7 @@ def gate_statistics(model, dataset, batch_size: int = 128, max_prompts: int | No
         for b, (p_sum, e_sum) in branches.items():
             P = (p_sum / n).transpose(0, 1).float().cpu()  # [HKV, W]
             slot = P.argmax(dim=1)
-            phase = slot_phases(cfg, layer).argmax(dim=1)[slot]
+            phase = head_slot_phases(cfg, layer)[torch.arange(len(slot)), slot]  # per head: spread offsets differ
             stats[b] = {"static": P, "static_eff": effective_slots(P), "window_eff": (e_sum / n).float().cpu(),
                         "preferred_slot": slot, "preferred_phase": phase}
         out.append(stats)

@@ -58,12 +58,15 @@ def effective_slots(p: torch.Tensor) -> torch.Tensor:
     return entropy(p).exp()
 
 
-def slot_phases(config: ModelConfig, layer: int = 0, device=None) -> torch.Tensor:
-    """The phase of every slot of a layer as a one-hot [W, S]: slot i of window j holds token (j+1)S-W-d+i, whose
-    phase is (i-W-d) mod S (= i when W = S and d = 0). `p @ slot_phases(...)` maps slot distributions to phases."""
-    W, S, d = config.window, config.stride, config.grid_offset(layer)
-    phase = (torch.arange(W, device=device) - W - d) % S
-    return torch.nn.functional.one_hot(phase, S).float()
+def head_slot_phases(config: ModelConfig, layer: int = 0, device=None) -> torch.Tensor:
+    """The phase of every slot per KV head, [HKV, W] (long): slot i of window j holds token (j+1)S-W-d+i, whose phase
+    is (i - W - d) mod S (= i when W = S and d = 0), d the head's grid offset (`config.head_grid_offsets`, where the
+    model has them: `spread` gives each head its own; else the layer's offset for every head)."""
+    W, S, HKV = config.window, config.stride, config.num_kv_heads
+    per_head = getattr(config, "head_grid_offsets", None)
+    offsets = per_head(layer) if per_head is not None else [config.grid_offset(layer)] * HKV
+    d = torch.as_tensor(offsets, device=device)[:, None]  # [HKV, 1]
+    return (torch.arange(W, device=device)[None, :] - W - d) % S
 
 
 def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", device=None) -> torch.Tensor:
@@ -74,17 +77,15 @@ def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", de
     value gate: slot i reads the value of the key at slot i-1; slot 0's key lies in the previous window.
     With W = S both dead slots belong to the grid's boundary phase (S-1-d) mod S, which the layer cannot answer;
     with W > S that phase is also an interior slot and stays answerable. The one place the coordination terms read
-    phases from: per-head grid offsets (`config.head_grid_offsets`, where the model has them) change it per head."""
-    W, S, HKV = config.window, config.stride, config.num_kv_heads
-    per_head = getattr(config, "head_grid_offsets", None)
-    offsets = per_head(layer) if per_head is not None else [config.grid_offset(layer)] * HKV
+    phases from; per-head grid offsets change it per head (`head_slot_phases`)."""
+    W, S = config.window, config.stride
     i = torch.arange(W, device=device)
     read = i if branch == "key" else i - 1  # the slot holding the record's key
     alive = (read + 1 < W) & (read >= 0)  # its key and value are both in the window
-    d = torch.as_tensor(offsets, device=device)[:, None]  # [HKV, 1]
-    phase = (read[None, :] - W - d) % S  # [HKV, W], as slot_phases
+    phase = (head_slot_phases(config, layer, device) - int(branch != "key")) % S  # the phase of slot `read`
     return torch.nn.functional.one_hot(phase, S).float() * alive[None, :, None]
 
 
-__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "slot_phases", "static_gate_distribution"]
+__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "head_slot_phases",
+           "static_gate_distribution"]
 
