@@ -194,6 +194,29 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
     return out
 
 
+
+def mechanism_links(comp, regimes: list[str]) -> list[str]:
+    """The comparison's mechanism figures (`python -m phasefix.analyze knockout|gates run=<run> padding=both
+    out=<out>/mechanism/<regime>-<arm>-s<seed>`), one line per regime in the comparison's order, the unmitigated
+    model first: knockout (which residues each KV head carries) and gates (the slots each head reads)."""
+    cells = sorted(d.name for d in (comp.out / "mechanism").glob("*") if d.is_dir())
+    if not cells:
+        return []
+    rel = comp.out.relative_to(PROJECT_ROOT / "docs")
+    out = ["", "Mechanism (`phasefix.analyze knockout` and `gates`: which residues each KV head carries, which slots "
+           "it reads):", ""]
+    by_regime = {}
+    for name in cells:
+        regime, _, rest = name.partition("-")  # regime names have no '-'; arm names neither
+        by_regime.setdefault(regime, []).append(rest)
+    for regime in sorted(by_regime, key=lambda r: regimes.index(r) if r in regimes else len(regimes)):
+        runs = sorted(by_regime[regime], key=lambda r: (not r.startswith("baseline-"), r))
+        out.append(f"- {regime}: " + ", ".join(
+            f"`{r}` ([knockout]({rel}/mechanism/{regime}-{r}/knockout.png), "
+            f"[gates]({rel}/mechanism/{regime}-{r}/gates.png))" for r in runs))
+    return out
+
+
 def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
     """The page's text (see the module docstring)."""
     from phasefix.study.cells import load_comparison
@@ -238,11 +261,7 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
                 "over the seeds that", "learned); `cost`: compressor MACs and cache bytes per token against "
                 "`baseline`.", ""]
         out += matrix(crows, arms, costs=True)
-        mech = sorted(d for d in (comp.out / "mechanism").glob("*") if d.is_dir())
-        if mech:  # `python -m phasefix.analyze knockout|gates run=<run> padding=both out=<out>/mechanism/<cell>`
-            rel = comp.out.relative_to(PROJECT_ROOT / "docs")
-            out += ["", "Mechanism (`phasefix.analyze knockout` and `gates`, which residues each KV head carries): "
-                    + ", ".join(f"[{d.name}]({rel}/mechanism/{d.name}/knockout.png)" for d in mech) + "."]
+        out += mechanism_links(comp, [r.name for r in comp.regimes])
         if (comp.out / "stopped.md").is_file():
             out += ["", "Stopped after the first seed:", "", *(comp.out / "stopped.md").read_text().splitlines()]
     out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "
