@@ -194,7 +194,6 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
     return out
 
 
-
 def mechanism_links(comp, regimes: list[str]) -> list[str]:
     """The comparison's mechanism figures (`python -m phasefix.analyze knockout|gates run=<run> padding=both
     out=<out>/mechanism/<regime>-<arm>-s<seed>`), one line per regime in the comparison's order, the unmitigated
@@ -207,7 +206,7 @@ def mechanism_links(comp, regimes: list[str]) -> list[str]:
            "it reads):", ""]
     by_regime = {}
     for name in cells:
-        regime, _, rest = name.partition("-")  # regime names have no '-'; arm names neither
+        regime, _, rest = name.partition("-")  # neither a regime's nor an arm's name has a '-'
         by_regime.setdefault(regime, []).append(rest)
     for regime in sorted(by_regime, key=lambda r: regimes.index(r) if r in regimes else len(regimes)):
         runs = sorted(by_regime[regime], key=lambda r: (not r.startswith("baseline-"), r))
