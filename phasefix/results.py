@@ -194,7 +194,7 @@ def verdicts(rows: Sequence[Mapping]) -> list[str]:
     return out
 
 
-def mechanism_links(comp, regimes: list[str]) -> list[str]:
+def mechanism_links(comp) -> list[str]:
     """The comparison's mechanism figures (`python -m phasefix.analyze knockout|gates run=<run> padding=both
     out=<out>/mechanism/<regime>-<arm>-s<seed>`), one line per regime in the comparison's order, the unmitigated
     model first: knockout (which residues each KV head carries) and gates (the slots each head reads)."""
@@ -208,8 +208,9 @@ def mechanism_links(comp, regimes: list[str]) -> list[str]:
     for name in cells:
         regime, _, rest = name.partition("-")  # neither a regime's nor an arm's name has a '-'
         by_regime.setdefault(regime, []).append(rest)
+    regimes = [r.name for r in comp.regimes]
     for regime in sorted(by_regime, key=lambda r: regimes.index(r) if r in regimes else len(regimes)):
-        runs = sorted(by_regime[regime], key=lambda r: (not r.startswith("baseline-"), r))
+        runs = sorted(by_regime[regime], key=lambda r: (not r.startswith(f"{BASELINE_ARM}-"), r))
         out.append(f"- {regime}: " + ", ".join(
             f"`{r}` ([knockout]({rel}/mechanism/{regime}-{r}/knockout.png), "
             f"[gates]({rel}/mechanism/{regime}-{r}/gates.png))" for r in runs))
@@ -260,7 +261,7 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
                 "over the seeds that", "learned); `cost`: compressor MACs and cache bytes per token against "
                 "`baseline`.", ""]
         out += matrix(crows, arms, costs=True)
-        out += mechanism_links(comp, [r.name for r in comp.regimes])
+        out += mechanism_links(comp)
         if (comp.out / "stopped.md").is_file():
             out += ["", "Stopped after the first seed:", "", *(comp.out / "stopped.md").read_text().splitlines()]
     out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "

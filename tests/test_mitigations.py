@@ -255,6 +255,18 @@ def test_optimising_the_loss_alone_spreads_collapsed_gates(name):
     assert all(a > b + 1.0 for a, b in zip(after, before)), (before, after)
 
 
+def test_answered_phases_follow_each_spread_heads_grid():
+    from phasefix.mitigations.gates import answered_phases
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1, head_offsets="spread")  # offsets 0 and 2
+    def phases(branch):  # per head, slot -> answered phase (dead slots left out)
+        a = answered_phases(cfg, 0, branch)
+        return [{w: int(a[h, w].argmax()) for w in range(4) if a[h, w].sum() > 0} for h in range(2)]
+    # by hand: slot i of a head with offset d holds phase (i - 4 - d) mod 4; a key slot answers its own token's phase
+    # (the last slot's value lies in the next window), a value slot the phase of the token before it
+    assert phases("key") == [{0: 0, 1: 1, 2: 2}, {0: 2, 1: 3, 2: 0}]
+    assert phases("value") == [{1: 0, 2: 1, 3: 2}, {1: 2, 2: 3, 3: 0}]
+
+
 # Hand-written for W4/S4, grid offset 0 (independent of answered_phases): the target-key phase each slot answers
 KEY_PHASE = {0: 0, 1: 1, 2: 2}  # key slot 3: its value is in the next window
 VALUE_PHASE = {1: 0, 2: 1, 3: 2}  # value slot 0: its key is in the previous window

@@ -18,16 +18,18 @@ def test_the_arm_legend_reads_conf_arm():
 
 
 def test_mechanism_links_one_line_per_regime_in_the_comparisons_order(tmp_path, monkeypatch):
+    import re
     from types import SimpleNamespace
 
     from phasefix import results
     out = tmp_path / "docs" / "figures" / "cmp"
-    for cell in ("records64-spread-s0", "records64-baseline-s0", "w4s4_inseqfirst-spread-s3"):
+    for cell in ("records64-spread-s0", "records64-baseline-s0", "records64-anchor-s0", "w4s4_inseqfirst-spread-s3"):
         (out / "mechanism" / cell).mkdir(parents=True)
     monkeypatch.setattr(results, "PROJECT_ROOT", tmp_path)
-    lines = results.mechanism_links(SimpleNamespace(out=out), ["w4s4_inseqfirst", "records64"])
-    runs = [line.split(": ", 1)[0] + ": " + " ".join(w for w in line.split() if w.startswith("`"))
-            for line in lines if line.startswith("- ")]
-    assert runs == ["- w4s4_inseqfirst: `spread-s3`", "- records64: `baseline-s0` `spread-s0`"]
-    assert "[gates](figures/cmp/mechanism/records64-baseline-s0/gates.png)" in lines[-1]
-    assert results.mechanism_links(SimpleNamespace(out=tmp_path / "docs" / "none"), []) == []
+    comp = SimpleNamespace(out=out, regimes=[SimpleNamespace(name="w4s4_inseqfirst"), SimpleNamespace(name="records64")])
+    items = [line for line in results.mechanism_links(comp) if line.startswith("- ")]
+    assert [re.findall(r"^- (\w+)|`([^`]+)`", line) for line in items] == [
+        [("w4s4_inseqfirst", ""), ("", "spread-s3")],
+        [("records64", ""), ("", "baseline-s0"), ("", "anchor-s0"), ("", "spread-s0")]]  # the unmitigated run first
+    assert "[gates](figures/cmp/mechanism/records64-baseline-s0/gates.png)" in items[1]
+    assert results.mechanism_links(SimpleNamespace(out=tmp_path / "docs" / "none", regimes=[])) == []

@@ -60,12 +60,10 @@ def effective_slots(p: torch.Tensor) -> torch.Tensor:
 
 def head_slot_phases(config: ModelConfig, layer: int = 0, device=None) -> torch.Tensor:
     """The phase of every slot per KV head, [HKV, W] (long): slot i of window j holds token (j+1)S-W-d+i, whose phase
-    is (i - W - d) mod S (= i when W = S and d = 0), d the head's grid offset (`config.head_grid_offsets`, where the
-    model has them: `spread` gives each head its own; else the layer's offset for every head)."""
-    W, S, HKV = config.window, config.stride, config.num_kv_heads
-    per_head = getattr(config, "head_grid_offsets", None)
-    offsets = per_head(layer) if per_head is not None else [config.grid_offset(layer)] * HKV
-    d = torch.as_tensor(offsets, device=device)[:, None]  # [HKV, 1]
+    is (i - W - d) mod S (= i when W = S and d = 0), d the head's grid offset (`config.head_grid_offsets`: the layer's,
+    moved per head by `model.head_offsets`)."""
+    W, S = config.window, config.stride
+    d = torch.as_tensor(config.head_grid_offsets(layer), device=device)[:, None]  # [HKV, 1]
     return (torch.arange(W, device=device)[None, :] - W - d) % S
 
 
@@ -79,10 +77,10 @@ def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", de
     with W > S that phase is also an interior slot and stays answerable. The one place the coordination terms read
     phases from; per-head grid offsets change it per head (`head_slot_phases`)."""
     W, S = config.window, config.stride
-    i = torch.arange(W, device=device)
-    read = i if branch == "key" else i - 1  # the slot holding the record's key
+    back = 0 if branch == "key" else 1  # how far before slot i the record's key sits
+    read = torch.arange(W, device=device) - back
     alive = (read + 1 < W) & (read >= 0)  # its key and value are both in the window
-    phase = (head_slot_phases(config, layer, device) - int(branch != "key")) % S  # the phase of slot `read`
+    phase = (head_slot_phases(config, layer, device) - back) % S  # the phase of slot `read`, per head
     return torch.nn.functional.one_hot(phase, S).float() * alive[None, :, None]
 
 

@@ -12,7 +12,7 @@ from phasefix.data.layout import PADDINGS
 
 # ------------------------------------------------------------------------------------------------ several runs
 def _palette(n: int) -> list:
-    """n distinct colours: tab10 while it suffices, tab20 beyond (C{i % 10} gave the 11th arm the 1st one's)."""
+    """n colours, distinct up to 20: tab10 while it suffices, tab20 beyond (C{i % 10} gave the 11th arm the 1st's)."""
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     return [cmap(i % cmap.N) for i in range(n)]
 
