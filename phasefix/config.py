@@ -174,6 +174,18 @@ class EvaluateConfig:
                                "run: its MLflow run id (or a unique prefix), output directory or .ckpt (required)")
     task: str | None = option(None, "kv_lookup | needle: accuracy by residue of the target key's position; flip: "
                               "the flipping-completion probe (Hugging Face models) (required)")
+    endpoint: str | None = option(None, "an OpenAI-compatible server's base URL (http://127.0.0.1:8000/v1): model= is "
+                                  "then the served model's name")
+    tokenizer: str | None = option(None, "endpoint: the served model's tokenizer, a local directory or a Hugging Face "
+                                   "name (the model name)")
+    phase_of: str = option("fact", "fact | end | both: group by the target's position, the prompt's end (length) or "
+                           "both (a fact x end grid) mod period")
+    score: str | None = option(None, "top1: the answer's first token is the full-vocabulary top-1 (local models); "
+                               "exact: greedy generation of the whole answer matches its text (an endpoint's only "
+                               "rule; local Hugging Face models too)")
+    concurrency: int = option(8, "endpoint: requests in flight")
+    timeout: float = option(120.0, "endpoint: seconds per request before it is retried")
+    retries: int = option(5, "endpoint: tries per request after the first (429, 5xx, connection errors; backoff)")
     period: int | None = option(None, "residue = target position mod period (24; a phasefix run: its eval.period)")
     stride: int | None = option(None, "fold residues onto this compression stride (a phasefix run: model.stride; "
                                 "else none: detected)")

@@ -1,4 +1,5 @@
 """`python -m phasefix.evaluate model=<HF model dir | phasefix run> task=kv_lookup|needle|flip [key=value ...]`
+(or `endpoint=<base URL> model=<served name>`: an OpenAI-compatible server, scored through `phasefix.endpoint`)
 
 Phase-grouped evaluation of any causal LM (science.md section 4), logged to MLflow like a fit run and written to
 `<out>/summary.json`. A Hydra app: its keys and defaults are `phasefix.config.EvaluateConfig` (conf/evaluate.yaml;
@@ -8,6 +9,7 @@ so bad options are refused before it loads.
 """
 from __future__ import annotations
 
+import csv
 import math
 import sys
 import time
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from phasefix.data.layout import PADDINGS
+from phasefix.data.layout import PADDINGS, PHASE_AXES
 from phasefix.errors import ConfigError, check, check_all, check_choice
 
 TASKS = ("kv_lookup", "needle", "flip")
@@ -82,7 +84,18 @@ def options(args: Sequence[str] | Mapping | DictConfig) -> dict:
     from phasefix.cli import options as app_options
 
     opts = OmegaConf.to_container(app_options(args, "evaluate"), resolve=True)
-    check_all(lambda: check_model(opts["model"]), lambda: check_choice("task", opts["task"], TASKS))
+    if opts["endpoint"]:
+        from phasefix.endpoint import check_options
+
+        check_all(lambda: check_choice("task", opts["task"], TASKS), lambda: check_options(opts))
+    else:
+        check_all(lambda: check_model(opts["model"]), lambda: check_choice("task", opts["task"], TASKS))
+        check(opts["tokenizer"] is None, "tokenizer", opts["tokenizer"], "applies with endpoint= only (a local "
+              "model reads its own)")
+    check_choice("phase_of", opts["phase_of"], PHASE_AXES)
+    check(opts["score"] in (None, "top1", "exact"), "score", opts["score"], "allowed values are 'top1', 'exact'")
+    check(opts["task"] != "flip" or (opts["phase_of"] == "fact" and opts["score"] is None), "task", opts["task"],
+          "takes neither phase_of nor score (its curve is by filler length)")
     pads = list(PADDINGS) if opts["padding"] in (["both"], ["all"]) else opts["padding"]
     for p in pads:
         check_choice("padding", p, PADDINGS)
@@ -183,11 +196,16 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
     written to <out>/summary.json)."""
     from phasefix import tracking
     from phasefix.paths import OUTPUTS_DIR
-    from phasefix.predict import evaluate_phase
 
     opts = options(args)
-    target = load_target(str(opts["model"]), tracking_uri=opts["tracking_uri"], device=opts["device"],
-                         dtype=opts["dtype"], which=opts["which"])
+    if opts["endpoint"]:
+        target = load_endpoint(opts)
+    else:
+        target = load_target(str(opts["model"]), tracking_uri=opts["tracking_uri"], device=opts["device"],
+                             dtype=opts["dtype"], which=opts["which"])
+    score = opts["score"] or ("exact" if target.kind == "endpoint" else "top1")
+    check(score == "top1" or target.kind != "phasefix", "score", score,
+          "applies to Hugging Face models and endpoints (a phasefix checkpoint answers one synthetic token: top1)")
     period = opts["period"] or target.period
     stride = opts["stride"] or target.stride
     check(stride is None or period % stride == 0, "period", period,
@@ -200,9 +218,16 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
     out = Path(opts["out"]) if opts["out"] else (
         OUTPUTS_DIR / datetime.now().strftime("%Y-%m-%d") / f"{datetime.now():%H%M%S}-{name}")
     out.mkdir(parents=True, exist_ok=True)
+    scored = {}
+    if target.kind == "endpoint":  # every request before the MLflow run: a failed one leaves no half-written run
+        from phasefix.endpoint import score_set
+
+        for pad, prompts in plan["sets"].items():
+            scored[pad] = score_set(target.endpoint, prompts, target.tokenizer, pad, out, progress=opts["progress"])
     c = tracking.client(opts["tracking_uri"])
     tags = {**target.tags, "task": opts["task"], "period": str(period), "stride": str(stride or "none"),
-            "source": target.source, "phasefix.kind": "evaluate", "output_dir": str(out.resolve()), **opts["tags"]}
+            "source": target.source, "phasefix.kind": "evaluate", "output_dir": str(out.resolve()),
+            **({} if opts["task"] == "flip" else {"phase_of": opts["phase_of"], "score": score}), **opts["tags"]}
     run_id = tracking.create_run(c, opts["experiment"], name, tags)  # tags git_commit too
     tracking.log_params(c, run_id, {k: (",".join(v) if isinstance(v, list) else v) for k, v in opts.items()
                                     if k not in ("verbose", "tags")}
@@ -217,31 +242,78 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
             summary["flip"] = {**probe.describe(), **res}
             _log_flip(c, run_id, out, summary["flip"], name)
         else:
-            results = {}
+            from phasefix import plots
+            from phasefix.metrics import phase_axes
+
+            results, grids, answers = {}, {}, []
+            summary["phase_of"], summary["score"] = opts["phase_of"], score
             for pad, prompts in plan["sets"].items():
-                res = evaluate_phase(target.model, prompts, period=period, stride=stride, n_boot=opts["n_boot"],
-                                     batch_size=batch_size, seed=opts["seed"], progress=opts["progress"],
-                                     desc=f"{opts['task']}/{pad}")
-                if target.kind == "hf":
+                scores = scored.get(pad) or _score(target, prompts, score, batch_size, opts["progress"],
+                                                   f"{opts['task']}/{pad}")
+                axes = phase_axes(scores["correct"], scores["residue"], scores["end_residue"], scores["cluster"],
+                                  phase_of=opts["phase_of"], period=period, fold_stride=stride, n_boot=opts["n_boot"],
+                                  seed=opts["seed"])
+                if target.kind != "phasefix":
                     summary.setdefault("prompts", {})[pad] = prompts.describe()
                 else:
                     summary.setdefault("prompts", {})[pad] = {"num_prompts": len(prompts),
                                                               "prompt_length": len(prompts[0]["input_ids"]),
                                                               **plan["synthetic_kwargs"]}
-                results[pad] = res
-                summary[pad] = {k: _plain(res[k]) for k in SUMMARY_KEYS if k in res}
-                tracking.log_phase_result(c, run_id, pad, res)
-            from phasefix import plots
-
+                for axis, res in axes.items():
+                    if axis == "grid":
+                        grids[pad] = res
+                        summary[f"{pad}_grid"] = {k: _plain(v) for k, v in res.items()}
+                        continue
+                    label = pad if axis == "fact" else f"{pad}_end"
+                    results[label] = res
+                    summary[label] = {k: _plain(res[k]) for k in SUMMARY_KEYS if k in res}
+                    tracking.log_phase_result(c, run_id, label, res)
+                answers += [[pad, i, r, e, k, int(ok), t] for i, (r, e, k, ok, t) in enumerate(
+                    zip(scores["residue"], scores["end_residue"], scores["cluster"], scores["correct"],
+                        scores.get("answers") or ()))]
             fig = plots.phase_curves(results, stride, title=f"{name} {opts['task']}  (run {run_id[:8]})")
             fig.savefig(out / "phase_curves.png", dpi=110)
             tracking.log_figure(c, run_id, fig, "phase_curves.png")
+            if grids:
+                fig = plots.phase_grid_heatmap(grids, title=f"{name} {opts['task']}  (run {run_id[:8]})")
+                fig.savefig(out / "phase_grid.png", dpi=110)
+                tracking.log_figure(c, run_id, fig, "phase_grid.png")
+            if answers:  # the generated text of every prompt (score=exact)
+                with open(out / "answers.csv", "w", newline="") as f:
+                    csv.writer(f).writerows([["padding", "index", "residue", "end_residue", "cluster", "correct",
+                                              "text"], *answers])
+                tracking.log_files(c, run_id, [out / "answers.csv"])
             (out / "phase_table.csv").write_text(tracking.residue_table(results))
             tracking.log_files(c, run_id, [out / "phase_table.csv"])
         summary["seconds"] = round(time.time() - t0, 1)
         tracking.write_json(out / "summary.json", summary)
         tracking.log_dict(c, run_id, summary, "summary.json")
         return summary
+
+
+def load_endpoint(opts: dict) -> Target:
+    """An OpenAI-compatible server's model, its tokenizer loaded here to place the phases (`phasefix.endpoint`)."""
+    from phasefix.endpoint import Endpoint, load_tokenizer
+
+    name = opts["tokenizer"] or opts["model"]
+    target = Target("endpoint", None, str(opts["model"]), str(opts["endpoint"]), tokenizer=load_tokenizer(name),
+                    tags={"model": str(opts["model"]), "endpoint": str(opts["endpoint"]), "tokenizer": str(name)})
+    target.endpoint = Endpoint(opts["endpoint"], opts["model"], timeout=opts["timeout"], retries=opts["retries"],
+                               concurrency=opts["concurrency"])
+    return target
+
+
+def _score(target: Target, prompts, score: str, batch_size: int, progress: bool, desc: str) -> dict:
+    """A local model's per-prompt scores: correct, residue, end_residue, cluster (and answers for score=exact)."""
+    from phasefix.predict import predict
+
+    if score == "exact":
+        from phasefix.endpoint import generate_set
+
+        return generate_set(target.model, prompts, target.tokenizer, batch_size=batch_size, progress=progress,
+                            desc=desc)
+    o = predict(target.model, prompts, batch_size, progress=progress, desc=desc)
+    return {"correct": o.correct, "residue": o.residue, "end_residue": o.end_residue, "cluster": o.cluster}
 
 
 def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
@@ -260,14 +332,20 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
     is_lm_mix = isinstance(target.data_cfg, LMMixConfig)
     check(opts["text"] is None or is_lm_mix, "text", opts["text"],
           "applies to phasefix checkpoints trained with data.kind=lm_mix only")
-    if target.kind == "hf":
+    if target.kind in ("hf", "endpoint"):
         from phasefix.data.text_prompts import TextPhaseSet
 
         sets = {pad: TextPhaseSet(target.tokenizer, task, pad, period=period, per_residue=opts["per_residue"],
-                                  seed=opts["seed"], **task_opts) for pad in opts["padding"]}
+                                  seed=opts["seed"], phase_of=opts["phase_of"], **task_opts) for pad in opts["padding"]}
+        if target.kind == "endpoint":  # the server is asked once before any work: it answers, serves the model
+            from phasefix.endpoint import prompt_text
+
+            first = next(iter(sets.values()))
+            target.endpoint.check(prompt_text(target.tokenizer, first.row(0)["input_ids"]))
+            return {"sets": sets}
         limit = getattr(target.model.config, "max_position_embeddings", None)
         first = next(iter(sets.values()))
-        if limit and first.length > limit:
+        if limit and first.width > limit:
             print(f"warning: prompts of {first.length} tokens exceed the model's max_position_embeddings={limit}",
                   file=sys.stderr)
         return {"sets": sets}
@@ -284,7 +362,7 @@ def _plan(opts: dict, target: Target, period: int, task_opts: dict) -> dict:
     kw.update(task_opts)
     text = opts["text"] is not False
     sets = {pad: eval_set(target.data_cfg, pad, period, opts["per_residue"], opts["seed"], task=task, task_kwargs=kw,
-                          text=text) for pad in opts["padding"]}
+                          text=text, phase_of=opts["phase_of"]) for pad in opts["padding"]}
     if is_lm_mix and text:
         kw = {**kw, "text_before": target.data_cfg.text_before}
     return {"sets": sets, "synthetic_kwargs": kw}
@@ -328,14 +406,14 @@ def print_summary(summary: dict) -> None:
         print(f"flip {f['completions'][0]!r} vs {f['completions'][1]!r}: range {f['range']:.3f}, flip rate "
               f"{f['flip_rate']:.2f}, period detected {f['period_detected']} (FFT {f['period_fft']})")
         print(f"  {tracking_spark(span)}")
-    for pad in PADDINGS:
-        if pad in summary:
-            s = summary[pad]
-            if pad == next(p for p in PADDINGS if p in summary):
-                print(f"{'padding':<12} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}"
-                      "  curve by residue")
-            print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
-                  f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {sparkline(s['per_residue'])}")
+    labels = [label for pad in PADDINGS for label in (pad, f"{pad}_end") if label in summary]
+    for label in labels:
+        s = summary[label]
+        if label == labels[0]:
+            print(f"{'padding':<16} {'mean':>6} {'worst':>6} {'best':>6} {'gap':>6} {'period':>6}"
+                  f"  curve by residue (score={summary.get('score')}; _end: by the prompt's end)")
+        print(f"{label:<16} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
+              f"{s['acc_gap']:>6.3f} {str(s.get('period_detected')):>6}  {sparkline(s['per_residue'])}")
     print(f"summary: {Path(summary['output_dir']) / 'summary.json'}")
 
 

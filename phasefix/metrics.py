@@ -123,6 +123,27 @@ def detect_period(curve: np.ndarray, tol: float = 0.5) -> int:
     return period
 
 
+def phase_axes(correct, residue, end_residue, cluster, *, phase_of: str, period: int, fold_stride: int | None = None,
+               n_boot: int = 2000, seed: int = 0) -> dict:
+    """`PhaseAccuracy` by the phase of the fact (``residue``: the target's position mod period), of the prompt's end
+    (``end_residue``: its length mod period) or both: {"fact": result, "end": result} as asked, and for ``both`` also
+    "grid": {"accuracy" [period, period] (row: fact residue, column: end residue), "count"} (nan where empty)."""
+    axes = {"fact": residue, "end": end_residue}
+    out = {}
+    for axis in (("fact", "end") if phase_of == "both" else (phase_of,)):
+        metric = PhaseAccuracy(period, fold_stride=fold_stride, n_boot=n_boot, seed=seed)
+        metric.update(torch.as_tensor(np.asarray(correct)), torch.as_tensor(np.asarray(axes[axis])),
+                      torch.as_tensor(np.asarray(cluster)))
+        out[axis] = metric.compute()
+    if phase_of == "both":
+        cell = np.asarray(residue) * period + np.asarray(end_residue)
+        k = np.bincount(cell, weights=np.asarray(correct, dtype=np.float64), minlength=period * period)
+        n = np.bincount(cell, minlength=period * period)
+        with _quiet_nan_warnings():
+            out["grid"] = {"accuracy": (k / n).reshape(period, period), "count": n.reshape(period, period)}
+    return out
+
+
 def fft_period(curve: np.ndarray) -> float:
     """The period (in samples) of the strongest Fourier component of a curve after removing its linear trend (a
     drift over filler lengths is not a period); nan if nothing is left."""

@@ -19,12 +19,14 @@ from phasefix.metrics import PhaseAccuracy
 @dataclasses.dataclass
 class Outcome:
     """Per-prompt results of one evaluation, in dataset order (numpy): correct [n] bool, pred [n] (the top-1 token),
-    residue [n], cluster [n]."""
+    residue [n] (the target's), cluster [n], end_residue [n] (the prompt's length mod the period; None for sets
+    without the column)."""
 
     correct: np.ndarray
     pred: np.ndarray
     residue: np.ndarray
     cluster: np.ndarray
+    end_residue: np.ndarray | None = None
 
 
 def query_predictions(model, input_ids: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
@@ -62,7 +64,7 @@ def predict(model, dataset, batch_size: int = 128, *, progress: bool = False, de
     from phasefix.data.text_prompts import TextPhaseSet
 
     device = next(model.parameters()).device
-    out = {k: [] for k in ("correct", "pred", "residue", "cluster")}
+    out = {k: [] for k in ("correct", "pred", "residue", "cluster", "end_residue")}
     total = math.ceil(len(dataset) / batch_size)
     if isinstance(dataset, TextPhaseSet):
         batches = ({k: torch.from_numpy(np.asarray(v)) for k, v in b.items()} for b in dataset.batches(batch_size))
@@ -72,16 +74,20 @@ def predict(model, dataset, batch_size: int = 128, *, progress: bool = False, de
         if on_batch is not None:
             on_batch(batch)
         ids = batch["input_ids"].to(device)
-        if isinstance(dataset, TextPhaseSet):  # one query position for the whole set: the head only there
-            pred = logits_at(model, ids, torch.tensor([dataset.query_pos], device=device))[:, 0].argmax(-1).cpu()
+        if isinstance(dataset, TextPhaseSet):  # the head only at the batch's query positions (one without a tail)
+            positions, which = torch.unique(batch["query_pos"], return_inverse=True)
+            logits = logits_at(model, ids, positions.to(device))
+            pred = logits[torch.arange(ids.shape[0], device=device), which.to(device)].argmax(-1).cpu()
         else:
             pred = query_predictions(model, ids, batch["query_pos"].to(device)).cpu()
         out["pred"].append(pred.numpy())
         out["correct"].append((pred == batch["answer"]).numpy())
         out["residue"].append(batch["residue"].numpy())
         out["cluster"].append(batch["cluster"].numpy())
-    cat = {k: np.concatenate(v) for k, v in out.items()}
-    return Outcome(cat["correct"], cat["pred"], cat["residue"].astype(np.int64), cat["cluster"].astype(np.int64))
+        if "end_residue" in batch:
+            out["end_residue"].append(batch["end_residue"].numpy())
+    cat = {k: np.concatenate(v).astype(np.int64) if k != "correct" else np.concatenate(v) for k, v in out.items() if v}
+    return Outcome(cat["correct"], cat["pred"], cat["residue"], cat["cluster"], cat.get("end_residue"))
 
 
 def evaluate_phase(model, dataset, *, period: int, stride: int | None = None, n_boot: int = 2000,

@@ -61,6 +61,87 @@ def tiny_tokenizer(corpus: list[str], vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
+def tiny_qwen3(path: Path, *, vocab_size: int = 1000, varied: bool = False) -> Path:
+    """A random 2-layer Qwen3 and a byte-level BPE tokenizer trained on the text prompts' words
+    (`phasefix.data.text_prompts`), saved together at `path` (a Hugging Face model directory). `varied`: wider
+    weights, untied, sharper attention (q/k norms x4) that writes more (v/o x3), so that its greedy answers differ from
+    prompt to prompt (about 38 distinct among 64 kv_lookup prompts) rather than echo the last token."""
+    import random
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from phasefix.data.text_prompts import ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES
+
+    rng = random.Random(0)
+    corpus = list(HEADERS.values()) + [FLIP_PROMPT[0] + FLIP_PROMPT[1] + c for c in FLIP_PROMPT[2]] + [" ".join(FILLER)]
+    for _ in range(3):
+        for a in ANIMALS:
+            corpus.append(f"{a}: {rng.choice(NAMES)}\n{rng.choice(COLOURS)} {a}: {rng.choice(NAMES)} "
+                          f"{rng.choice(NAMES)}\n")
+    fast = tiny_tokenizer(corpus, vocab_size=vocab_size)
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+                      tie_word_embeddings=not varied, initializer_range=0.3 if varied else 0.02)
+    model = Qwen3ForCausalLM(cfg)
+    if varied:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                a = layer.self_attn
+                a.q_norm.weight.mul_(4)
+                a.k_norm.weight.mul_(4)
+                a.v_proj.weight.mul_(3)
+                a.o_proj.weight.mul_(3)
+    model.save_pretrained(path)
+    return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def transformers_serve(model_dir: Path, *args: str, port: int | None = None, startup_s: float = 300.0):
+    """A real `transformers serve` process (its OpenAI-compatible API, CPU) pinned to `model_dir`, on 127.0.0.1 and a
+    free port; yields (base URL, the process), stops it after. Its log: <model_dir>.serve-<port>.log."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = port or free_port()
+    log = Path(f"{model_dir}.serve-{port}.log")
+    exe = Path(sys.executable).parent / "transformers"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                                 "--device", "cpu", "--dtype", "float32", "--log-level", "warning", *args],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + startup_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"transformers serve did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1", proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 PERIOD = 24
 
 

@@ -6,7 +6,6 @@ the decoded last line of the prompt, re-tokenised from the word lists' templates
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import torch
 from helpers import save_fit_run
 from mlflow.tracking import MlflowClient
 
-from phasefix.data.text_prompts import (ANIMALS, COLOURS, FILLER, FLIP_PROMPT, HEADERS, NAMES, FlipProbe,
+from phasefix.data.text_prompts import (ANIMALS, COLOURS, FILLER, HEADERS, NAMES, FlipProbe,
                                         TextPhaseSet, spread_positions)
 from phasefix.errors import ConfigError
 from phasefix.evaluate import evaluate, main
@@ -37,25 +36,9 @@ pytestmark = pytest.mark.usefixtures("cache_dir")  # conftest.py
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A byte-level BPE tokenizer trained on the templates' words and a random 2-layer Qwen3, saved together."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from helpers import tiny_qwen3
 
-    from helpers import tiny_tokenizer
-
-    rng = random.Random(0)
-    corpus = list(HEADERS.values()) + [FLIP_PROMPT[0] + FLIP_PROMPT[1] + c for c in FLIP_PROMPT[2]] + [" ".join(FILLER)]
-    for _ in range(3):
-        for a in ANIMALS:
-            corpus.append(f"{a}: {rng.choice(NAMES)}\n{rng.choice(COLOURS)} {a}: {rng.choice(NAMES)} "
-                          f"{rng.choice(NAMES)}\n")
-    fast = tiny_tokenizer(corpus, vocab_size=1000)
-    path = tmp_path_factory.mktemp("hf") / "tiny-qwen3"
-    fast.save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
-                      tie_word_embeddings=True)
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
+    return tiny_qwen3(tmp_path_factory.mktemp("hf") / "tiny-qwen3")
 
 
 @pytest.fixture(scope="module")

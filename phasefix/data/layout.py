@@ -46,13 +46,15 @@ def target_window(task: str, start: int, rec_len: int, num_records: int, max_pad
 
 def layout_prompt(records: np.ndarray, demo_tokens: np.ndarray, x: int, rng: np.random.Generator, *,
                   header: np.ndarray, filler: np.ndarray, max_pad: int, length: int, query_len: int,
-                  padding: str) -> np.ndarray:
-    """One prompt [length] with the target record (row 0 of `records` [R, L]) starting at position x.
+                  padding: str, tail: int = 0) -> np.ndarray:
+    """One prompt [length + tail] with the target record (row 0 of `records` [R, L]) starting at position x.
 
     The other records keep their order around it; `demo_tokens` (the demonstrated records, flattened) follow the
     records and filler; the prompt ends with the first `query_len` tokens of the target record. Filler tokens are
-    drawn from `filler` (ids) at every position not otherwise written. The draws from `rng`, in order: the target's
-    record index, the gaps (in_sequence), the filler."""
+    drawn from `filler` (ids) at every position not otherwise written. `tail` more filler tokens go after the records
+    and before the demonstrations: they move the prompt's end (its length mod the period) and leave the target where
+    it is. The draws from `rng`, in order: the target's record index, the gaps (in_sequence), the filler, the
+    tail's filler (so tail=0 draws exactly what it did before tails existed)."""
     R, L = records.shape
     G, H = max_pad, header.size
     # Target record index j: the filler before it, x - H - L*j, must lie in [0, G].
@@ -73,4 +75,16 @@ def layout_prompt(records: np.ndarray, demo_tokens: np.ndarray, x: int, rng: np.
     ids[demo_start:demo_start + demo_tokens.size] = demo_tokens
     ids[-query_len:] = records[0, :query_len]
     assert starts[j] == x
+    if tail:
+        ids = np.concatenate([ids[:demo_start], filler[rng.integers(0, filler.size, tail)], ids[demo_start:]])
     return ids
+
+
+PHASE_AXES = ("fact", "end", "both")
+
+
+def end_tail(length: int, end_residue: int, period: int) -> int:
+    """The filler tail in [0, period) that makes a prompt of `length` tokens (without it) end at `end_residue`: its
+    length with the tail is congruent to end_residue mod period (the end phase is the prompt's length mod the period,
+    the position of the first generated token)."""
+    return (end_residue - length) % period

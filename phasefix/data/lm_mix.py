@@ -167,4 +167,5 @@ def add_text_context(dataset: Dataset, cfg: LMMixConfig, period: int, seed: int 
     cols["target_pos"] = cols["target_pos"] + n
     cols["query_pos"] = cols["query_pos"] + n
     cols["residue"] = cols["target_pos"] % period
+    cols["end_residue"] = (cols["query_pos"] + 1) % period
     return arrays_to_dataset(cols)

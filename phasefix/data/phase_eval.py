@@ -15,6 +15,11 @@ Balance: every residue group has ``per_residue`` samples with the same prompt le
 positions whose mean and variance agree across groups (see ``balanced_positions`` for when this is exact).
 Clusters: cluster c fixes one key-value mapping (records, target, demonstrations) and is evaluated once at every
 residue; only the placement (and the filler) changes.
+
+The end phase (``phase_of=end|both``, as for the text prompts): a filler tail of 0 .. period - 1 tokens after the
+records moves the prompt's end (``end_residue`` = its length mod period) with the target fixed; ``end`` puts each
+cluster at every end residue (its target residue cycling over the clusters), ``both`` every cluster at every target
+residue x end residue. Such sets are right-padded with filler to the longest prompt; ``query_pos`` is each row's.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset
 
-from phasefix.data.layout import PADDINGS, default_max_pad, layout_prompt, target_window
+from phasefix.data.layout import PADDINGS, PHASE_AXES, default_max_pad, end_tail, layout_prompt, target_window
 from phasefix.data.retrieval import arrays_to_dataset, cached_dataset
 from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import ConfigError, check, check_choice
@@ -42,9 +47,10 @@ TASK_DEFAULTS = {
 
 
 def make_phase_eval(task: str = "kv_lookup", padding: str = "prefix", period: int = 24, per_residue: int = 96,
-                    seed: int = 0, cache_dir: str | Path | None = None, **task_kwargs) -> Dataset:
+                    seed: int = 0, cache_dir: str | Path | None = None, phase_of: str = "fact",
+                    **task_kwargs) -> Dataset:
     """Columns: ``input_ids`` (int32, fixed length), ``answer``, ``target_pos``, ``query_pos``, ``residue``,
-    ``cluster`` (all int64). Rows are ordered by cluster, then residue.
+    ``end_residue``, ``cluster`` (all int64). Rows are ordered by cluster, then residue (then end residue).
 
     task_kwargs (defaults in TASK_DEFAULTS): num_records, num_demos, num_keys, num_values, num_filler,
     max_pad (total filler G; default period - 1, or more when needed for target positions to span
@@ -53,14 +59,16 @@ def make_phase_eval(task: str = "kv_lookup", padding: str = "prefix", period: in
     """
     check_choice("task", task, TASKS)
     check_choice("padding", padding, PADDINGS)
+    check_choice("phase_of", phase_of, PHASE_AXES)
     check(isinstance(period, int) and period >= 1, "period", period, "must be an integer >= 1")
     check(isinstance(per_residue, int) and per_residue >= 1, "per_residue", per_residue, "must be an integer >= 1")
     kw = dict(TASK_DEFAULTS[task])
     for key, value in task_kwargs.items():
         check_choice(f"{task} option", key, tuple(kw))
         kw[key] = value
-    spec = _TaskSpec(task, padding, period, per_residue, **kw)
-    params = dict(task=task, padding=padding, period=period, per_residue=per_residue, seed=seed, **kw)
+    spec = _TaskSpec(task, padding, period, per_residue, phase_of=phase_of, **kw)
+    params = dict(task=task, padding=padding, period=period, per_residue=per_residue, seed=seed, phase_of=phase_of,
+                  **kw)
     if cache_dir is None:
         return arrays_to_dataset(spec.build(np.random.default_rng(seed)))
     return cached_dataset("phase_eval", params, lambda: arrays_to_dataset(spec.build(np.random.default_rng(seed))),
@@ -68,7 +76,8 @@ def make_phase_eval(task: str = "kv_lookup", padding: str = "prefix", period: in
 
 
 class _TaskSpec:
-    def __init__(self, task: str, padding: str, period: int, per_residue: int, *, num_records: int, num_demos: int,
+    def __init__(self, task: str, padding: str, period: int, per_residue: int, *, phase_of: str = "fact",
+                 num_records: int, num_demos: int,
                  num_keys: int, num_values: int, num_filler: int, max_pad: int | None, target_span: int | None):
         for key, value in dict(num_records=num_records, num_keys=num_keys, num_values=num_values,
                                num_filler=num_filler).items():
@@ -86,6 +95,7 @@ class _TaskSpec:
         check(isinstance(max_pad, int) and max_pad >= self.rec_len - 1, "max_pad", max_pad,
               f"must be an integer >= {self.rec_len - 1} (record length - 1)")
         self.task, self.padding, self.period, self.per_residue = task, padding, period, per_residue
+        self.phase_of = phase_of
         self.R, self.D, self.G = num_records, num_demos, max_pad
         self.vocab = RetrievalVocab(num_keys, num_values, num_filler)
         self.length = 1 + max_pad + self.rec_len * (num_records + num_demos) + self.key_len
@@ -97,18 +107,42 @@ class _TaskSpec:
         positions = balanced_positions(self.lo, self.hi, P, n)
         # Which of group r's positions cluster c gets: a random matching, so clusters and positions are unrelated.
         placement = np.stack([rng.permutation(positions[r]) for r in range(P)], axis=1)  # [n clusters, P]
-        ids = np.empty((n * P, self.length), dtype=np.int32)
-        answer = np.empty(n * P, dtype=np.int64)
+        if self.phase_of == "fact":
+            ids = np.empty((n * P, self.length), dtype=np.int32)
+            answer = np.empty(n * P, dtype=np.int64)
+            for c in range(n):
+                records, demos = self._mapping(rng)
+                demo_tokens = records[demos].reshape(-1)
+                for r in range(P):
+                    row = c * P + r
+                    ids[row], answer[row] = self._prompt(records, demo_tokens, placement[c, r], rng)
+            target_pos = placement.reshape(-1).astype(np.int64)
+            return dict(input_ids=ids, answer=answer, target_pos=target_pos,
+                        query_pos=np.full(n * P, self.length - 1, dtype=np.int64), residue=target_pos % P,
+                        end_residue=np.full(n * P, self.length % P, dtype=np.int64),
+                        cluster=np.repeat(np.arange(n, dtype=np.int64), P))
+        return self._build_ends(rng, placement)
+
+    def _build_ends(self, rng: np.random.Generator, placement: np.ndarray) -> dict[str, np.ndarray]:
+        """phase_of end or both: each (cluster, target position) at every end residue, its prompts differing only in
+        the tail (one seed drawn per pair)."""
+        P, n = self.period, self.per_residue
+        rows = {k: [] for k in ("input_ids", "answer", "target_pos", "query_pos", "cluster")}
         for c in range(n):
             records, demos = self._mapping(rng)
             demo_tokens = records[demos].reshape(-1)
-            for r in range(P):
-                row = c * P + r
-                ids[row], answer[row] = self._prompt(records, demo_tokens, placement[c, r], rng)
-        target_pos = placement.reshape(-1).astype(np.int64)
-        return dict(input_ids=ids, answer=answer, target_pos=target_pos,
-                    query_pos=np.full(n * P, self.length - 1, dtype=np.int64), residue=target_pos % P,
-                    cluster=np.repeat(np.arange(n, dtype=np.int64), P))
+            for r in ([c % P] if self.phase_of == "end" else range(P)):
+                x, seed = int(placement[c, r]), int(rng.integers(2 ** 63))
+                for e in range(P):
+                    ids, answer = self._prompt(records, demo_tokens, x, np.random.default_rng(seed),
+                                               tail=end_tail(self.length, e, P))
+                    for k, v in zip(rows, (ids, answer, x, ids.size - 1, c)):
+                        rows[k].append(v)
+        padded = np.full((len(rows["answer"]), self.length + P - 1), self.vocab.filler_token(0), dtype=np.int32)
+        for b, ids in enumerate(rows["input_ids"]):  # right padding: after the query, unseen by a causal model
+            padded[b, :ids.size] = ids
+        cols = {k: np.asarray(v, dtype=np.int64) for k, v in rows.items() if k != "input_ids"}
+        return dict(input_ids=padded, **cols, residue=cols["target_pos"] % P, end_residue=(cols["query_pos"] + 1) % P)
 
     def _mapping(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Record tokens [R, rec_len] with the target in row 0, and the demonstrated rows (never 0)."""
@@ -119,12 +153,13 @@ class _TaskSpec:
                                  axis=1)
         return records, 1 + rng.permutation(self.R - 1)[:self.D]
 
-    def _prompt(self, records: np.ndarray, demo_tokens: np.ndarray, x: int, rng: np.random.Generator):
-        """One prompt with the target key (records[0]) at position x, and its answer."""
+    def _prompt(self, records: np.ndarray, demo_tokens: np.ndarray, x: int, rng: np.random.Generator, tail: int = 0):
+        """One prompt with the target key (records[0]) at position x (and `tail` filler before the demonstrations),
+        and its answer."""
         v = self.vocab
         ids = layout_prompt(records, demo_tokens, x, rng, header=np.array([v.bos]),
                             filler=v.filler_token(np.arange(v.num_filler)), max_pad=self.G, length=self.length,
-                            query_len=self.key_len, padding=self.padding)
+                            query_len=self.key_len, padding=self.padding, tail=tail)
         return ids, records[0, self.key_len]
 
 

@@ -43,12 +43,12 @@ def train_stages(data_cfg, seed: int) -> list[tuple[int, object]]:
 
 
 def eval_set(data_cfg, padding: str, period: int, per_residue: int, seed: int, *, task: str = "kv_lookup",
-             task_kwargs: dict | None = None, text: bool = True):
+             task_kwargs: dict | None = None, text: bool = True, phase_of: str = "fact"):
     """The phase-controlled prompts (torch format) for the task the model was trained on (`task_kwargs`: default
     `eval_task_kwargs(data_cfg)`); for the LM mix with held-out text before the records, as in training
-    (text=False: the plain protocol prompts)."""
+    (text=False: the plain protocol prompts); `phase_of`: `make_phase_eval`'s."""
     kw = eval_task_kwargs(data_cfg) if task_kwargs is None else task_kwargs
-    ds = make_phase_eval(task, padding, period=period, per_residue=per_residue, seed=seed, **kw)
+    ds = make_phase_eval(task, padding, period=period, per_residue=per_residue, seed=seed, phase_of=phase_of, **kw)
     if text and isinstance(data_cfg, LMMixConfig):
         ds = add_text_context(ds, data_cfg, period, seed)
     return ds.with_format("torch")

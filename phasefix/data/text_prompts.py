@@ -18,6 +18,12 @@ come from `phase_eval.balanced_positions` (matched mean and variance across resi
 the query position (the last token) are the same for every prompt, and cluster c (one key-value mapping) is
 evaluated once at every residue.
 
+The second phase axis, where the prompt ends (``phase_of``): ``end`` keeps each cluster's target where it is and
+adds a filler tail of 0 .. period - 1 tokens after the records, so that the prompt's length mod the period sweeps
+every residue (the phase of the first generated token, where a serving stack's last, incomplete compression window
+lies); ``both`` crosses every target residue with every end residue. The tail is drawn after the rest of the prompt,
+so the prompts of one cluster and target position differ only in it.
+
 Prompts are generated lazily, a batch at a time, from per-cluster and per-prompt seeds, so a 128K-token set never
 exists in memory as a whole. The flipping-completion probe (`FlipProbe`) is here too.
 """
@@ -29,7 +35,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from phasefix.data.layout import MIN_SPAN_PERIODS, PADDINGS, default_max_pad, layout_prompt, target_window
+from phasefix.data.layout import (MIN_SPAN_PERIODS, PADDINGS, PHASE_AXES, default_max_pad, end_tail, layout_prompt,
+                                   target_window)
 from phasefix.data.phase_eval import balanced_positions
 from phasefix.errors import ConfigError, check, check_choice
 
@@ -137,12 +144,18 @@ class TextPhaseSet:
     query_pos, residue, cluster [B]. ``row(i)`` builds one prompt. Options (defaults in TEXT_DEFAULTS):
     num_records, num_demos, num_filler, max_pad (total filler G), target_span (needle), max_length (the prompt
     length in tokens: sets max_pad, and for needle without num_records also the number of records).
+
+    ``phase_of``: ``fact`` (the rows above), ``end`` (per_residue clusters, each at every end residue, its target
+    fixed, the target residues cycling over the clusters) or ``both`` (per_residue clusters at every target residue x
+    end residue). ``residue`` is always the target's, ``end_residue`` the prompt's length mod the period; with a tail, prompts are up to period - 1 tokens longer than ``length`` and ``batches`` pads
+    them on the right (the query position is each row's own).
     """
 
     def __init__(self, tokenizer, task: str = "kv_lookup", padding: str = "prefix", period: int = 24,
-                 per_residue: int = 48, seed: int = 0, **options):
+                 per_residue: int = 48, seed: int = 0, phase_of: str = "fact", **options):
         check_choice("task", task, TEXT_TASKS)
         check_choice("padding", padding, PADDINGS)
+        check_choice("phase_of", phase_of, PHASE_AXES)
         check(isinstance(period, int) and period >= 1, "period", period, "must be an integer >= 1")
         check(isinstance(per_residue, int) and per_residue >= 1, "per_residue", per_residue,
               "must be an integer >= 1")
@@ -153,7 +166,7 @@ class TextPhaseSet:
             if value is not None:
                 kw[key] = value
         self.task, self.padding, self.period, self.per_residue, self.seed = task, padding, period, per_residue, seed
-        self.options = kw
+        self.phase_of, self.options = phase_of, kw
 
         self.header = np.asarray(header_ids(tokenizer, HEADERS[task]), dtype=np.int64)
         self.filler = filler_ids(tokenizer, kw["num_filler"])
@@ -203,7 +216,8 @@ class TextPhaseSet:
             G = default_max_pad(period, L, R)
         check(isinstance(G, int) and G >= L - 1, "max_pad", G, f"must be an integer >= {L - 1} (record length - 1)")
         self.R, self.D, self.G = R, D, G
-        self.length = H + G + L * (R + D) + self.query_len
+        self.length = H + G + L * (R + D) + self.query_len  # without a tail
+        self.width = self.length + (0 if phase_of == "fact" else period - 1)  # the longest prompt
         self.query_pos = self.length - 1
         lo, hi = target_window(task, H, L, R, G, period, kw["target_span"])
         self.lo, self.hi = lo, hi
@@ -213,11 +227,12 @@ class TextPhaseSet:
         self._mapping_cache: tuple[int, tuple] | None = None
 
     def __len__(self) -> int:
-        return self.per_residue * self.period
+        return self.per_residue * self.period * (self.period if self.phase_of == "both" else 1)
 
     def describe(self) -> dict:
         return dict(task=self.task, padding=self.padding, period=self.period, per_residue=self.per_residue,
-                    num_prompts=len(self), prompt_length=self.length, query_pos=self.query_pos,
+                    phase_of=self.phase_of, num_prompts=len(self), prompt_length=self.length,
+                    prompt_length_max=self.width, query_pos=self.query_pos,
                     num_records=self.R, num_demos=self.D, max_pad=self.G, record_tokens=self.rec_len,
                     header_tokens=int(self.header.size), target_window=[self.lo, self.hi])
 
@@ -242,23 +257,47 @@ class TextPhaseSet:
         self._mapping_cache = (c, (records, demos))
         return records, demos
 
+    def cell(self, i: int) -> tuple[int, int, int | None]:
+        """Row i's cluster, target residue and end residue (None: no tail, phase_of=fact)."""
+        P, i = self.period, int(i)
+        if self.phase_of == "fact":
+            c, r = divmod(i, P)
+            return c, r, None
+        if self.phase_of == "end":
+            c, e = divmod(i, P)
+            return c, c % P, e
+        c, k = divmod(i, P * P)
+        return (c, *divmod(k, P))
+
     def row(self, i: int) -> dict:
+        """input_ids [its length], answer (the value's first token), answer_ids (the value's tokens), target_pos,
+        query_pos (the last position), residue (the target's), end_residue (the prompt's length mod the period),
+        cluster."""
         P = self.period
-        c, r = divmod(int(i), P)
+        c, r, e = self.cell(i)
         records, demos = self._mapping(c)
         x = int(self.placement[c, r])
+        tail = 0 if e is None else end_tail(self.length, e, P)
         rng = np.random.default_rng([self.seed, 2, c, r])
         ids = layout_prompt(records, records[demos].reshape(-1), x, rng, header=self.header, filler=self.filler,
-                            max_pad=self.G, length=self.length, query_len=self.query_len, padding=self.padding)
-        return dict(input_ids=ids, answer=int(records[0, self.query_len]), target_pos=x, query_pos=self.query_pos,
-                    residue=x % P, cluster=c)
+                            max_pad=self.G, length=self.length, query_len=self.query_len, padding=self.padding,
+                            tail=tail)
+        q = self.query_len
+        return dict(input_ids=ids, answer=int(records[0, q]), answer_ids=records[0, q:q + self.value_len].copy(),
+                    target_pos=x, query_pos=ids.size - 1, residue=x % P,
+                    end_residue=ids.size % P, cluster=c)
 
     def batches(self, batch_size: int, start: int = 0) -> Iterator[dict]:
+        """Rows as arrays; input_ids [B, width], right-padded with filler after each row's query position (a causal
+        model's prediction there does not see it)."""
         check(isinstance(batch_size, int) and batch_size >= 1, "batch_size", batch_size, "must be an integer >= 1")
         for lo in range(start, len(self), batch_size):
             rows = [self.row(i) for i in range(lo, min(lo + batch_size, len(self)))]
-            yield {k: np.stack([row[k] for row in rows]) if k == "input_ids" else np.asarray([row[k] for row in rows])
-                   for k in rows[0]}
+            width = max(row["input_ids"].size for row in rows)
+            ids = np.full((len(rows), width), self.filler[0], dtype=np.int64)
+            for b, row in enumerate(rows):
+                ids[b, :row["input_ids"].size] = row["input_ids"]
+            yield {k: ids if k == "input_ids" else np.stack([row[k] for row in rows]) for k in rows[0]}
 
 
 # -------------------------------------------------------------------------------------------- flip probe

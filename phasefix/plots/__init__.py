@@ -2,7 +2,8 @@
 modules: `run` (one run and its probes), `runs` (several runs), `study` (studies, theory); all exported here:
 
 - a run's phase curves (`phase_curves`) and static gates (`gate_heatmap`): fit and evaluate; the flip probe's
-  log-probability difference by filler length (`flip_curve`): evaluate task=flip;
+  log-probability difference by filler length (`flip_curve`): evaluate task=flip; accuracy by fact phase x end
+  phase (`phase_grid_heatmap`): evaluate phase_of=both;
 - one run's mechanism probes (phasefix.analyze): knockout by residue (`knockout_heatmap`), gate statistics
   (`gate_stats_heatmap`), gate cycling (`cycle_prediction`), the dominant period (`period_curve`); the weights-only
   phase audit's predicted phase mass (`audit_phase_heatmap`). These take the probes' results and draw them; plots
@@ -30,11 +31,13 @@ def save(fig, path: str | Path) -> None:
 
 
 from phasefix.plots.run import (audit_phase_heatmap, cycle_prediction, flip_curve, gate_heatmap,  # noqa: E402
-                                gate_stats_heatmap, knockout_heatmap, period_curve, phase_curves)
+                                gate_stats_heatmap, knockout_heatmap, period_curve, phase_curves,
+                                phase_grid_heatmap)
 from phasefix.plots.runs import (headline_worst_vs_mean, loss_curves, phase_grid, runs_pareto,  # noqa: E402
                                  runs_phase_curves, worst_vs_mean)
 from phasefix.plots.study import study_pareto, theory_gates  # noqa: E402
 
 __all__ = ["audit_phase_heatmap", "cycle_prediction", "flip_curve", "gate_heatmap", "gate_stats_heatmap",
            "headline_worst_vs_mean", "knockout_heatmap", "loss_curves", "period_curve", "phase_curves", "phase_grid",
+           "phase_grid_heatmap",
            "runs_pareto", "runs_phase_curves", "save", "study_pareto", "theory_gates", "worst_vs_mean"]

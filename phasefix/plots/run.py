@@ -24,7 +24,7 @@ def phase_curves(curves: Mapping[str, Mapping], stride: int | None, title: str =
     if stride:
         for x in range(0, len(acc), stride):
             ax.axvline(x - 0.5, color="grey", lw=0.5, ls=":")
-    ax.set_xlabel("residue of the target key position")
+    ax.set_xlabel("residue of the target key position (labels ending _end: of the prompt's length)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title, fontsize=9)
@@ -103,7 +103,7 @@ def knockout_heatmap(res: Mapping, stride: int, title: str = ""):
     img = ax.imshow(np.nan_to_num(rel.reshape(L * HKV, P), nan=0.0), cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
     ax.set_yticks(range(L * HKV), [f"L{layer} kv{g}" for layer in range(L) for g in range(HKV)])
     ax.set_xticks(range(P))
-    ax.set_xlabel("residue of the target key position")
+    ax.set_xlabel("residue of the target key position (labels ending _end: of the prompt's length)")
     for x in range(0, P, stride):
         ax.axvline(x - 0.5, color="k", lw=0.4, ls=":")
     for y in range(HKV, L * HKV, HKV):
@@ -198,6 +198,24 @@ def period_curve(res: Mapping, stride: int, profile: np.ndarray, threshold: floa
     ax_b.set_ylabel("mean_r |A(r) - A(r+p)|")
     ax_b.legend(fontsize=7)
     fig.suptitle(title or f"dominant period {detected}", fontsize=9)
+    return fig
+
+
+def phase_grid_heatmap(grids: Mapping[str, Mapping], title: str = ""):
+    """Accuracy by fact phase x end phase (evaluate phase_of=both), one panel per padding: grids: padding ->
+    {"accuracy" [P, P] (row: the target's residue, column: the prompt's length mod P), "count"}. A serving stack's
+    tail bug is a column, a model's weak phase a row."""
+    fig = Figure(figsize=(0.6 + 3.6 * len(grids), 3.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    for ax, (pad, grid) in zip(axes, grids.items()):
+        acc = np.asarray(grid["accuracy"], dtype=np.float64)
+        im = ax.imshow(acc, cmap="viridis", vmin=0, vmax=1, origin="lower", interpolation="nearest")
+        ax.set_xlabel("end: prompt length mod period")
+        ax.set_ylabel("fact: target position mod period")
+        ax.set_title(f"{pad} (n/cell {int(np.min(grid['count']))})", fontsize=8)
+    fig.colorbar(im, ax=list(axes), label="accuracy", shrink=0.9)
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
