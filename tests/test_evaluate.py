@@ -293,3 +293,37 @@ def test_phasefix_run_named_by_a_unique_mlflow_id_prefix(tmp_path):
                        + run_args(tmp_path, "out"))
     assert summary["source"] == str(run_dir / "checkpoints" / "last.ckpt")
     assert c.get_run(summary["mlflow_run_id"]).data.tags["phasefix.source_run"] == run_id
+
+
+def test_synthetic_end_sweep_moves_only_the_end(tmp_path):
+    """make_phase_eval phase_of=both: each (cluster, target) at every end residue, the prompts equal but for the
+    filler tail before the demonstrations; a phasefix run is evaluated on both axes."""
+    from phasefix.data import make_phase_eval
+    from phasefix.fit import compose
+
+    P = 8
+    plain = make_phase_eval("kv_lookup", "prefix", period=P, per_residue=2, num_records=16, num_demos=4)
+    ds = make_phase_eval("kv_lookup", "prefix", period=P, per_residue=2, num_records=16, num_demos=4,
+                         phase_of="both").with_format("numpy")
+    n0 = len(plain[0]["input_ids"])  # without a tail
+    assert len(ds) == 2 * P * P and ds[:]["input_ids"].shape[1] == n0 + P - 1
+    rows = ds[:]
+    demo_start = n0 - 1 - 2 * 4  # the demonstrations and the query key end the prompt
+    for c in range(2):
+        for r in range(P):
+            cell = slice((c * P + r) * P, (c * P + r + 1) * P)
+            ids, q = rows["input_ids"][cell], rows["query_pos"][cell]
+            assert sorted((q + 1) % P) == list(range(P)) and list(rows["end_residue"][cell]) == list((q + 1) % P)
+            assert len(set(rows["target_pos"][cell])) == 1 and set(rows["residue"][cell]) == {r}
+            x = rows["target_pos"][cell][0]
+            for b in range(P):
+                tail = q[b] + 1 - n0
+                assert ids[b, q[b]] == ids[b, x] and rows["answer"][cell][b] == ids[b, x + 1]  # the key, its value
+                assert (ids[b, :demo_start] == ids[0, :demo_start]).all()  # the records never move
+                first_tail = q[0] + 1 - n0
+                assert (ids[b, demo_start + tail:q[b] + 1] == ids[0, demo_start + first_tail:q[0] + 1]).all()
+    run_dir = tmp_path / "fitrun"
+    save_fit_run(run_dir, compose([]))
+    summary = evaluate([f"model={run_dir}", "task=kv_lookup", "per_residue=1", "padding=prefix", "phase_of=end"]
+                       + run_args(tmp_path, "out"))
+    assert summary["prefix_end"]["count"] == [1] * 24 and "prefix" not in summary
