@@ -131,8 +131,24 @@ class CoordOptions:
     ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
 
 
+@dataclass
+class SlotCoverageOptions:
+    """`+mitigation=slot_coverage` (conf/mitigation/slot_coverage.yaml): the options and their defaults."""
+
+    branch: str = "both"  # key | value | both
+    # or: a phase is covered as often as some head reads it, 1 - prod_h (1 - q_h); mean: as the heads read it on average
+    combine: str = "or"
+    # the term lies in [0, 1] and is 0 once every phase has its fair share 1/S from some head (a floor, not a target)
+    weight: float = 1.0
+    floor: float = 1.0  # the weight a phase needs to cost nothing, in units of the fair share 1/S
+    eps: float = 0.05  # the log barrier's offset: an unread phase costs log((1+eps)/eps), normalised to 1
+    start_step: int = 0  # the term is off before this training step ...
+    ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
+
+
 MITIGATION_OPTIONS = {"gate_diversity": GateDiversityOptions, "head_coord": CoordOptions, "layer_coord": CoordOptions,
-                      "phase_jitter": PhaseJitterOptions, "staggered_offsets": StaggeredOffsetsOptions}
+                      "slot_coverage": SlotCoverageOptions, "phase_jitter": PhaseJitterOptions,
+                      "staggered_offsets": StaggeredOffsetsOptions}
 
 
 @dataclass

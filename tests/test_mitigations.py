@@ -18,7 +18,7 @@ from phasefix.mitigations.gates import effective_slots
 from phasefix.model import CompressedQwen3, ModelConfig
 from phasefix.paths import CONF_DIR
 
-GATE_LOSSES = ("gate_diversity", "head_coord", "layer_coord")
+GATE_LOSSES = ("gate_diversity", "head_coord", "layer_coord", "slot_coverage")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -91,7 +91,7 @@ def test_gate_diversity_per_head_by_hand():
         pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("name", ["gate_diversity", "head_coord", "layer_coord"])
+@pytest.mark.parametrize("name", GATE_LOSSES)
 def test_a_gate_term_can_start_late_and_ramp(name):
     """start_step=3, ramp_steps=4: off at steps 0-2, then 1/4, 2/4, 3/4 of the weight, then all of it."""
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
@@ -193,6 +193,76 @@ def test_layer_coord_values_and_each_grids_own_boundary():
     assert term("layer_coord", off, gates_from([ONE_HOT[[0, 1]], ONE_HOT[[1, 0]]])) == pytest.approx(0, abs=1e-6)
 
 
+def barrier(c, eps=0.05):
+    """slot_coverage's cost of one phase at share c of its fair weight, written out (docs/mitigations.md)."""
+    return math.log((1 + eps) / (min(c, 1.0) + eps)) / math.log((1 + eps) / eps)
+
+
+def test_slot_coverage_by_hand():
+    """The union of the heads, not each head: two heads each on half the phases pay nothing; a phase no head reads
+    costs 1/S; the heads' slots are read as phases on each head's own grid."""
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
+    halves = [[.5, .5, 0, 0], [0, 0, .5, .5]]
+    assert term("slot_coverage", cfg, gates_from([halves])) == pytest.approx(0, abs=1e-6)
+    assert term("gate_diversity", cfg, gates_from([halves])) == pytest.approx(0.5)  # per head: each pays
+    assert term("slot_coverage", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0, abs=1e-6)
+    # both heads on phases 0, 1: phases 2 and 3 uncovered, 1/4 each
+    assert term("slot_coverage", cfg, gates_from([[halves[0], halves[0]]])) == pytest.approx(0.5)
+    # both on slot 0: three phases uncovered; one head on three slots, one on 0: phase 3 alone uncovered
+    assert term("slot_coverage", cfg, gates_from([ONE_HOT[[0, 0]]])) == pytest.approx(0.75)
+    assert term("slot_coverage", cfg, gates_from([[[1 / 3, 1 / 3, 1 / 3, 0], [1, 0, 0, 0]]])) == pytest.approx(0.25)
+    # a phase some head reads less often than 1/4 costs the barrier at its share: phase 3, 1 - 0.9^2 = 0.19 -> 0.76
+    assert term("slot_coverage", cfg, gates_from([[[.3, .3, .3, .1], [.3, .3, .3, .1]]])) == \
+        pytest.approx(barrier(0.76) / 4, rel=1e-5)
+    # floor 2: a phase needs 2/4 = 0.5; heads on halves give each phase 0.5, both uniform 1 - 0.75^2 = 0.4375
+    assert term("slot_coverage", cfg, gates_from([halves]), floor=2.0) == pytest.approx(0, abs=1e-6)
+    assert term("slot_coverage", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])]), floor=2.0) == \
+        pytest.approx(barrier(0.875), rel=1e-5)
+    # spread offsets (0, 2): head 1's slot i holds phase (i + 2) mod 4, so the same slots 0, 1 cover phases 2, 3
+    spread = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1, head_offsets="spread")
+    assert term("slot_coverage", spread, gates_from([[halves[0], halves[0]]])) == pytest.approx(0, abs=1e-6)
+    assert term("slot_coverage", spread, gates_from([halves])) == pytest.approx(0.5)  # now both on phases 0, 1
+    # combine=mean: one uniform head beside one on phase 0 leaves phases 1-3 at 1/8 (half their share); or does not
+    mixed = [UNIFORM.tolist(), [1, 0, 0, 0]]
+    assert term("slot_coverage", cfg, gates_from([mixed])) == pytest.approx(0, abs=1e-6)
+    assert term("slot_coverage", cfg, gates_from([mixed]), combine="mean") == pytest.approx(3 * barrier(0.5) / 4, rel=1e-5)
+    # W8/S4: slots i and i + 4 hold the same phase; a head on slots 0 and 4 reads phase 0 only
+    cfg84 = ModelConfig(window=8, stride=4, num_kv_heads=2, num_layers=1)
+    eye8 = torch.eye(8)
+    assert term("slot_coverage", cfg84, gates_from([(eye8[[0, 0]] + eye8[[4, 4]]) / 2])) == pytest.approx(0.75)
+    assert term("slot_coverage", cfg84, gates_from([(eye8[[0, 1]] + eye8[[6, 7]]) / 2])) == pytest.approx(0, abs=1e-6)
+    # value branch and the mean over branches (both by default) and layers
+    gates = with_values(gates_from([halves]), [ONE_HOT[[0, 0]]])
+    assert term("slot_coverage", cfg, gates, branch="value") == pytest.approx(0.75)
+    assert term("slot_coverage", cfg, gates) == pytest.approx(0.375)
+    cfg_l2 = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
+    assert term("slot_coverage", cfg_l2, gates_from([halves, ONE_HOT[[0, 0]]])) == pytest.approx(0.375)
+
+
+def test_slot_coverage_gradient_reaches_the_gates_of_a_shift_spread_model_and_costs_nothing():
+    """On the arm's own model (token shift 2, spread offsets, W8/S8 as coverage_w8s8_curric) with both heads
+    collapsed on one slot: the term is high, its gradient reaches every gate parameter of both branches, and the
+    mitigation leaves the model (and so its cache entries, bytes and multiply-adds) as it was."""
+    torch.manual_seed(0)
+    plain = ModelConfig.from_name("tiny", hidden_size=64, intermediate_size=128, head_dim=16, window=8, stride=8,
+                                  token_shift=2, head_offsets="spread")
+    (m,) = build_mitigations({"slot_coverage": {"weight": 1.0}})
+    cfg = m.configure_model(plain)
+    assert cfg == plain
+    model = CompressedQwen3(cfg)
+    m.setup(model)
+    collapse(model, slot=3, value=8.0)
+    model(torch.randint(0, cfg.vocab_size, (2, 64)), collect_gates=True)
+    loss = m.loss(model, model.gates())["slot_coverage"]
+    # each head reads one phase (3 and 7 under the spread offsets 0, 4): 6 of 8 phases (nearly) unread, 6/8
+    assert float(loss.detach()) == pytest.approx(0.75, abs=0.03)
+    loss.backward()
+    gate_params = [(n, p) for n, p in model.named_parameters() if "_gate" in n]
+    assert {n.rsplit(".", 1)[-1] for n, _ in gate_params} >= {"key_gate_bias", "value_gate_bias"}
+    for n, p in gate_params:
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
+
+
 def test_static_excludes_incomplete_windows_with_and_without_config():
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2, grid_offsets=[0, 2])
     model = CompressedQwen3(cfg)
@@ -207,6 +277,15 @@ def test_static_excludes_incomplete_windows_with_and_without_config():
             assert with_cfg[layer][b].shape == (2, 4)
             torch.testing.assert_close(with_cfg[layer][b], detected[layer][b])
     torch.testing.assert_close(with_cfg[1]["key"], a1[:, 1:].mean((0, 1)).T)
+    # spread head offsets (0, 2) at W4/S4: head 1's first window starts at token -2, so window 0 is left out for
+    # both heads (the windows of all heads share their index)
+    spread = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1, head_offsets="spread")
+    model = CompressedQwen3(spread)
+    model(torch.randint(0, spread.vocab_size, (2, 30)), collect_gates=True)
+    a = model.gates()[0]["key"]
+    assert (a[:, 0, :2, 1] == 0).all() and (a[:, 0, :, 0] > 0).all()
+    for static in (static_gate_distribution(model.gates(), spread), static_gate_distribution(model.gates())):
+        torch.testing.assert_close(static[0]["key"], a[:, 1:].mean((0, 1)).T)
     assert torch.allclose(effective_slots(torch.eye(3)), torch.ones(3))
     assert float(effective_slots(torch.full((5,), 0.2))) == pytest.approx(5.0)
 
@@ -242,13 +321,15 @@ def test_optimising_the_loss_alone_spreads_collapsed_gates(name):
     biases = [p for n, p in model.named_parameters() if n.endswith("key_gate_bias")]
     opt = torch.optim.Adam(biases, lr=0.3)
     first = None
-    for _ in range(15):
+    for step in range(15):
         model(ids, collect_gates=True)
         loss = m.loss(model, model.gates())[name]
         first = float(loss.detach()) if first is None else first
         opt.zero_grad()
         loss.backward()
-        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in biases)
+        # slot_coverage is a floor: once every phase of a layer has its share, that layer's gradient is 0
+        if name != "slot_coverage" or step == 0:
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in biases)
         opt.step()
     after = layer_coverage(model, ids, cfg)
     assert float(loss.detach()) < first
@@ -282,7 +363,7 @@ def phase_weights(P, branch):
 
 
 @pytest.mark.parametrize("name, opts", [("gate_diversity", {}), ("gate_diversity", {"mode": "soft"}),
-                                        ("head_coord", {}), ("layer_coord", {})])
+                                        ("head_coord", {}), ("layer_coord", {}), ("slot_coverage", {})])
 def test_a_few_hundred_steps_on_the_term_alone_spread_collapsed_compressor_gates(name, opts):
     from phasefix.model.qwen3 import Compressor
 
@@ -327,6 +408,9 @@ def test_a_few_hundred_steps_on_the_term_alone_spread_collapsed_compressor_gates
             q = phase_weights(P, b)
             assert float(q.sum(1).min()) > 0.95 and len(set(q.argmax(1).tolist())) == 2, (layer, b, P)
             assert float((q[0] * q[1]).sum()) < 0.05
+    elif name == "slot_coverage":  # per layer and branch: some head reads every phase at (nearly) its share 1/4
+        for (layer, b), P in after.items():
+            assert float(P.max(0).values.min()) > 0.2, (layer, b, P)
     else:  # per branch: the four heads of both layers cover phases 0, 1, 2
         for b in ("key", "value"):
             q = torch.cat([phase_weights(after[(layer, b)], b) for layer in range(2)])  # [4, 3]

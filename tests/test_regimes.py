@@ -132,6 +132,30 @@ def test_arms_with_a_gate_term_compose_as_the_lead_ran_them():
         assert identity(compose([*base, f"arm={arm}"])) == identity(compose([*typed, *extra]))
 
 
+def test_the_coverage_arms_add_a_training_term_to_shift_spread_and_nothing_else():
+    """issue 70's arms are shift_spread plus a loss term: the same model (so the same cache entries, bytes and
+    multiply-adds) and the term's options as each arm's file says."""
+    from phasefix.fit import plan_model
+
+    base = ["regime=coverage_w8s8_curric"]
+    plain = compose([*base, "arm=shift_spread"])
+    model, mitigations = plan_model(plain)
+    assert mitigations == []
+    for arm, name, options in [("shift_spread_slot_coverage", "slot_coverage", {}),
+                               ("shift_spread_late_slot_coverage", "slot_coverage",
+                                {"start_step": 1000, "ramp_steps": 500}),
+                               ("shift_spread_head_coord_w01", "head_coord", {"weight": 0.1})]:
+        cfg = compose([*base, f"arm={arm}"])
+        assert cfg.model == plain.model and cfg.arm == arm
+        typed = compose([*base, "arm=shift_spread", f"+mitigation={name}",
+                         *(f"mitigation.{name}.{k}={v}" for k, v in options.items())])
+        assert cfg.mitigation == typed.mitigation
+        got_model, (m,) = plan_model(cfg)
+        assert got_model == model and m.name == name
+        assert got_model.cache_entries_per_token() == model.cache_entries_per_token()
+        assert got_model.compressor_flops_per_token() == model.compressor_flops_per_token()
+
+
 def test_the_in_sequence_first_recipe_is_what_stride_inseqfirst_trained():
     """recipe=inseqfirst at 2,400 steps composes the runs of docs/figures/stride_inseqfirst (their command: the
     learned recipe, 8 demonstrations, in-sequence only before step 1,200); its switch follows the budget."""

@@ -1,5 +1,5 @@
 """Mitigations on the gates' static slot preferences (science.md §5-§6): gate diversity (soft penalty or a hard
-parametrisation), head coordination and layer coordination. Formulas and reasons: docs/mitigations.md.
+parametrisation), head coordination, layer coordination and the heads' joint slot coverage. Formulas and reasons: docs/mitigations.md.
 
 Every term works on the static distributions P [HKV, W] (E over batch and complete windows of the gates), so it
 costs a mean over [B, N, W, HKV] and a few [HKV, W]-sized ops per layer: negligible against the forward pass.
@@ -10,15 +10,16 @@ import math
 
 import torch
 
-from phasefix.config import CoordOptions, GateDiversityOptions  # noqa: F401  (the schemas: phasefix.config)
+from phasefix.config import CoordOptions, GateDiversityOptions, SlotCoverageOptions  # noqa: F401  (the schemas: phasefix.config)
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import BRANCHES, Mitigation, loss_ramp, unwrap
-from phasefix.mitigations.gates import answered_phases, entropy, static_gate_distribution
+from phasefix.mitigations.gates import answered_phases, entropy, head_slot_phases, static_gate_distribution
 from phasefix.model.config import ModelConfig
 
 HARD_MASK = 1e9  # logit penalty of a slot outside a head's assignment (exp(-1e9) is exactly 0 in float32)
 LAYOUTS = ("block", "interleaved")
 MODES = ("per_head", "soft", "hard")
+COMBINES = ("or", "mean")  # slot_coverage: how the heads' phase distributions make one coverage
 
 
 class GateMitigation(Mitigation):
@@ -212,4 +213,46 @@ class LayerCoord(GateMitigation):
             answerable = torch.stack([answered_phases(config, layer, b).sum((0, 1)) > 0 for layer, _ in layers])
             uncovered = torch.prod(1.0 - q, dim=0)  # [S]
             terms.append(uncovered[answerable.any(0).to(q.device)].mean())
+        return _mean(terms)
+
+
+# ------------------------------------------------------------------------------------------------ joint coverage
+def token_phase_distribution(config: ModelConfig, layer: int, P: torch.Tensor) -> torch.Tensor:
+    """The static weight [HKV, S] each head puts on each token phase: q_h(r) = sum of P_h(i) over the slots i whose
+    token has phase r on the head's own grid (`head_slot_phases`: spread offsets shift it per head; with W > S
+    several slots share a phase). It sums to 1 per head."""
+    phases = torch.nn.functional.one_hot(head_slot_phases(config, layer, P.device), config.stride).to(P.dtype)
+    return torch.einsum("hw,hws->hs", P, phases)
+
+
+class SlotCoverage(GateMitigation):
+    """The KV heads of a layer together read every token phase: what the heads carry jointly, not each head's
+    entropy. Per layer and branch, the heads' static phase weights q_h(r) (`token_phase_distribution`) combine into
+    one coverage u(r) = 1 - prod_h (1 - q_h(r)) (`combine: or`: the chance some head reads r, taking q_h(r) as the
+    chance head h does) or mean_h q_h(r) (`mean`). Phase r's share of the weight it needs, `floor` times the fair
+    share 1/S, is c(r) = min(1, S u(r) / floor), and the term is a log barrier on the shortfall,
+        C = 1/S sum_r log((1 + eps) / (c(r) + eps)) / log((1 + eps) / eps):
+    0 when every phase has what it needs (floor 1: two heads each on half the phases, or both uniform, pay nothing),
+    1/S for each phase no head reads, (S-1)/S when all heads sit on one phase. Flat above the floor, so it neither
+    rewards nor forbids specialisation; below it the pull on a phase grows as the phase empties (1/(c + eps))."""
+
+    name = "slot_coverage"
+    Options = SlotCoverageOptions
+
+    def validate(self):
+        super().validate()
+        self.check_choice("combine", COMBINES)
+        for key in ("floor", "eps"):
+            self.check_number(key, minimum=0.0)
+        self.check(self.floor > 0, "floor", "must be > 0 (a share of the fair weight 1/S)")
+        self.check(self.eps > 0, "eps", "must be > 0 (an unread phase would cost infinitely much)")
+
+    def term(self, config, statics):
+        terms = []
+        for layer, _, P in statics:
+            q = token_phase_distribution(config, layer, P)  # [HKV, S]
+            u = 1.0 - torch.prod(1.0 - q, dim=0) if self.combine == "or" else q.mean(0)
+            c = (u * q.shape[1] / self.floor).clamp(max=1.0)
+            eps = self.eps
+            terms.append(torch.log((1 + eps) / (c + eps)).mean() / math.log((1 + eps) / eps))
         return _mean(terms)

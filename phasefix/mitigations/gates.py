@@ -13,15 +13,17 @@ from phasefix.model.config import ModelConfig
 
 
 def empty_windows(config: ModelConfig, layer: int = 0) -> int:
-    """Leading windows of a layer that have slots before position 0: window j starts at (j+1)S-W-d, so the
-    first (W+d-1)//S of them."""
-    return (config.window + config.grid_offset(layer) - 1) // config.stride
+    """Leading windows of a layer that have slots before position 0 in some KV head: window j of a head with grid
+    offset d starts at (j+1)S-W-d, so the first (W+d-1)//S of them, d the largest of the layer's head offsets
+    (`model.head_offsets` moves them per head; the windows of all heads share the index j)."""
+    return (config.window + max(config.head_grid_offsets(layer)) - 1) // config.stride
 
 
 def _detect_empty_windows(a: torch.Tensor) -> int:
     """Without a config: the leading windows whose slot 0 (the earliest) has exactly zero weight for every batch
-    element and head (empty slots are masked with -inf), at most W-1 of them (the most any grid can have)."""
-    empty = (a[:, :, 0, :] == 0).all(dim=2).all(dim=0)  # [N]
+    element in some head (empty slots are masked with -inf; heads with spread offsets have different empty
+    windows), at most W-1 of them (the most any grid can have)."""
+    empty = (a[:, :, 0, :] == 0).any(dim=2).all(dim=0)  # [N]
     leading = int(torch.cumprod(empty.to(torch.int64), dim=0).sum())
     return min(leading, a.shape[2] - 1)
 
