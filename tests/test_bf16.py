@@ -189,7 +189,7 @@ MITIGATIONS = {  # every registered mitigation, the gate terms at weights that m
     "gate_diversity-soft": {"gate_diversity": {"weight": 1.0, "mode": "soft"}},
     "gate_diversity-hard": {"gate_diversity": {"mode": "hard", "branch": "both"}},
     "head_coord+layer_coord": {"head_coord": {"weight": 1.0}, "layer_coord": {"weight": 1.0}},
-    # floor 2.5: the near-uniform gates at init are then below the floor (~1.9/S), where the term has a gradient
+    # floor 2.5: two near-uniform heads (u = 2/S - 1/S^2 = 1.75/4) are below it, where the term has a gradient
     "slot_coverage": {"slot_coverage": {"weight": 1.0, "floor": 2.5}},
     "phase_jitter+staggered_offsets": {"phase_jitter": None, "staggered_offsets": None},
 }

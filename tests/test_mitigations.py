@@ -225,7 +225,8 @@ def test_slot_coverage_by_hand():
     # combine=mean: one uniform head beside one on phase 0 leaves phases 1-3 at 1/8 (half their share); or does not
     mixed = [UNIFORM.tolist(), [1, 0, 0, 0]]
     assert term("slot_coverage", cfg, gates_from([mixed])) == pytest.approx(0, abs=1e-6)
-    assert term("slot_coverage", cfg, gates_from([mixed]), combine="mean") == pytest.approx(3 * barrier(0.5) / 4, rel=1e-5)
+    assert term("slot_coverage", cfg, gates_from([mixed]), combine="mean") == \
+        pytest.approx(3 * barrier(0.5) / 4, rel=1e-5)
     # W8/S4: slots i and i + 4 hold the same phase; a head on slots 0 and 4 reads phase 0 only
     cfg84 = ModelConfig(window=8, stride=4, num_kv_heads=2, num_layers=1)
     eye8 = torch.eye(8)

@@ -1,5 +1,6 @@
 """Mitigations on the gates' static slot preferences (science.md §5-§6): gate diversity (soft penalty or a hard
-parametrisation), head coordination, layer coordination and the heads' joint slot coverage. Formulas and reasons: docs/mitigations.md.
+parametrisation), head coordination, layer coordination and the heads' joint slot coverage. Formulas and reasons:
+docs/mitigations.md.
 
 Every term works on the static distributions P [HKV, W] (E over batch and complete windows of the gates), so it
 costs a mean over [B, N, W, HKV] and a few [HKV, W]-sized ops per layer: negligible against the forward pass.
@@ -10,7 +11,8 @@ import math
 
 import torch
 
-from phasefix.config import CoordOptions, GateDiversityOptions, SlotCoverageOptions  # noqa: F401  (the schemas: phasefix.config)
+from phasefix.config import (CoordOptions, GateDiversityOptions,  # noqa: F401  (the schemas: phasefix.config)
+                             SlotCoverageOptions)
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import BRANCHES, Mitigation, loss_ramp, unwrap
 from phasefix.mitigations.gates import answered_phases, entropy, head_slot_phases, static_gate_distribution
