@@ -37,7 +37,7 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     deterministic: bool = True
     progress_bar: bool = True
-    compile: bool = False  # training steps through torch.compile (PhaseFixModule.train_forward)
+    compile: Any = "auto"  # true, false or auto: training steps through torch.compile (phasefix.precision)
 
 
 @dataclass
@@ -321,7 +321,8 @@ register_configs()
 def validate_trainer(t: TrainerConfig | DictConfig) -> None:
     check_choice("trainer.accelerator", t.accelerator, ACCELERATORS)
     check_choice("trainer.precision", t.precision, PRECISIONS)
-    check(isinstance(t.compile, bool), "trainer.compile", t.compile, "must be true or false")
+    check(isinstance(t.compile, bool) or t.compile == "auto", "trainer.compile", t.compile,
+          "must be true, false or auto")
     for key in ("devices", "max_steps", "batch_size", "val_every_n_steps", "checkpoint_every_n_steps",
                 "log_every_n_steps", "num_threads"):
         check(getattr(t, key) >= 1, f"trainer.{key}", getattr(t, key), "must be >= 1")

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from phasefix import config as C
 from phasefix.cli import compose  # noqa: F401  (phasefix.fit.compose: how the studies and the tests build configs)
 from phasefix.errors import ConfigError, check
-from phasefix.precision import resolve_precision
+from phasefix.precision import resolve_compile, resolve_precision, use_compile_cache
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -191,6 +191,10 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
     torch.set_num_threads(cfg.trainer.num_threads)
     precision, precision_why = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: by the CPU
+    compiled, compile_why = resolve_compile(cfg.trainer.compile, cfg.trainer.accelerator,  # auto: by the run's length
+                                            cfg.trainer.max_steps - start_step)
+    if compiled:
+        use_compile_cache()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     t_start = time.time()
 
@@ -223,7 +227,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
         tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
     resume_ckpt = (source or run).checkpoint() if resuming else None
     tracking.set_tags(c, run_id, {"precision": precision, "precision_reason": precision_why,
-                                  "compile": str(bool(cfg.trainer.compile)).lower()})
+                                  "compile": str(compiled).lower(), "compile_reason": compile_why})
 
     trainer = None
     # the layout Run.checkpoint reads; "last" is also the name Lightning's save_last writes (PeriodicCheckpoint)
@@ -240,7 +244,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
                                     paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
                                     built=(model_cfg, p["mitigations"]),  # what plan built: not built again
                                     **(data_cfg.text_loss if is_lm_mix else {}))
-            module.compile_training = bool(cfg.trainer.compile)
+            module.compile_training = compiled
             data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
                                        eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
                                        max_steps=cfg.trainer.max_steps)
@@ -271,12 +275,12 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             if trainer.interrupted:
                 raise KeyboardInterrupt
             train_seconds = before_seconds + (time.time() - t_fit)
-            compiled = {"used": module.compile_training}
-            if module.compile_training:  # this piece's compile, in train_seconds (this process's: not ddp's workers')
+            compile_record = {"used": compiled, "why": compile_why}
+            if compiled:  # this piece's compile, in train_seconds (this process's: not ddp's workers')
                 from phasefix.module import compile_seconds
 
-                compiled["seconds"] = round(compile_seconds(), 1)
-                tracking.log_metric_values(c, run_id, {"compile_seconds": compiled["seconds"]},
+                compile_record["seconds"] = round(compile_seconds(), 1)
+                tracking.log_metric_values(c, run_id, {"compile_seconds": compile_record["seconds"]},
                                            step=cfg.trainer.max_steps)
 
             # the final phase evaluation, on fresh prompts with intervals
@@ -295,7 +299,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
                            figure=tracking.artifact_path(c, run_id, "phase_curves.png"))
             summary["precision"] = {"used": precision, "why": precision_why}
-            summary["compile"] = compiled
+            summary["compile"] = compile_record
             if is_lm_mix:
                 val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
                 summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)

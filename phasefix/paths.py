@@ -1,4 +1,5 @@
 """Absolute paths derived from the project root, so runs started from any directory land in the same places."""
+import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -9,3 +10,9 @@ OUTPUTS_DIR = PROJECT_ROOT / "outputs"
 
 def default_tracking_uri() -> str:
     return f"sqlite:///{MLRUNS_DIR / 'mlflow.db'}"
+
+
+def cache_dir() -> Path:
+    """What phasefix keeps between runs (built datasets, inductor's compiled graphs): $PHASEFIX_CACHE, else
+    ~/.cache/phasefix."""
+    return Path(os.environ.get("PHASEFIX_CACHE") or Path.home() / ".cache" / "phasefix")

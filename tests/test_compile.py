@@ -50,3 +50,42 @@ def test_fit_with_compile_records_it_and_keeps_the_checkpoint_layout(tmp_path):
     assert not [k for k in state if "_orig_mod" in k or "compiled" in k]
     module, _ = Run.open(str(tmp_path / "run")).load_module()  # strict load into an eager module
     assert {f"model.{k}" for k in module.model.state_dict()} <= set(state)
+
+
+def test_compile_auto_compiles_a_cpu_run_only_when_it_is_long_enough():
+    """trainer.compile=auto: eager under COMPILE_MIN_STEPS steps to train (the README's main job, a test), compiled
+    from there on the CPU, eager on a GPU; true and false are taken as given. Hand-checked cases."""
+    from phasefix.precision import COMPILE_MIN_STEPS, resolve_compile
+
+    assert COMPILE_MIN_STEPS > 800  # the README's main job (800 steps) stays eager: a cold compile would not pay
+    assert resolve_compile("auto", "cpu", 800)[0] is False
+    assert resolve_compile("auto", "cpu", COMPILE_MIN_STEPS - 1)[0] is False
+    assert resolve_compile("auto", "cpu", COMPILE_MIN_STEPS)[0] is True
+    assert resolve_compile("auto", "cpu", 3000) == (True, f"auto: 3000 steps to train, at least the "
+                                                          f"{COMPILE_MIN_STEPS} that pay for a compile")
+    assert resolve_compile("auto", "gpu", 3000)[0] is False
+    assert resolve_compile(True, "cpu", 4) == (True, "trainer.compile")
+    assert resolve_compile(False, "cpu", 3000) == (False, "trainer.compile")
+
+
+def test_the_compile_cache_lives_under_the_project_cache_unless_torch_is_told_otherwise(tmp_path, monkeypatch):
+    from phasefix.precision import use_compile_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
+    assert use_compile_cache() == str(tmp_path / "cache" / "inductor")
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(tmp_path / "cache" / "inductor")  # where inductor's FX graph cache now writes
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_compile_cache() == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("value", ["sometimes", 2])
+def test_a_bad_compile_value_names_the_key_and_the_allowed_values(value):
+    from phasefix.cli import compose
+    from phasefix.config import validate_trainer
+    from phasefix.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer\.compile.*true, false or auto"):
+        validate_trainer(compose([f"trainer.compile={value}"]).trainer)

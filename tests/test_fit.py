@@ -110,7 +110,8 @@ def test_short_fit_logs_phase_curve_figure_and_summary(tmp_path, capsys):
     run = c.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["stride"] == "4" and run.data.tags["mitigations"] == "none"
-    assert run.data.tags["compile"] == "false" and summary["compile"] == {"used": False}  # trainer.compile's default
+    assert run.data.tags["compile"] == "false" and summary["compile"]["used"] is False  # auto: a short run is eager
+    assert summary["compile"]["why"].startswith("auto: ") and run.data.tags["compile_reason"] == summary["compile"]["why"]
     assert run.data.params["model.window"] == "4"
     curve = c.get_metric_history(run.info.run_id, "phase_acc/prefix")
     assert sorted(m.step for m in curve) == list(range(24))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from phasefix import paths
 from phasefix.data.vocab import RetrievalVocab
 from phasefix.errors import check, check_choice
 
@@ -93,10 +94,6 @@ class RetrievalConfig:
         return RetrievalVocab(self.num_keys, self.num_values, self.num_filler)
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("PHASEFIX_CACHE", Path.home() / ".cache" / "phasefix"))
-
-
 def arrays_to_dataset(columns: dict[str, np.ndarray]) -> Dataset:
     """A Dataset from numpy columns; 2-D arrays become fixed-length list columns (fast, no per-row Python)."""
     import pyarrow as pa  # datasets and pyarrow on first use: the configs above are checked without them
@@ -116,7 +113,7 @@ def arrays_to_dataset(columns: dict[str, np.ndarray]) -> Dataset:
 def cached_dataset(kind: str, params: dict, build: Callable[[], Dataset], cache_dir: str | Path | None) -> Dataset:
     """Build once, then memory-map from ``cache_dir/kind/<hash of params>`` (safe against concurrent builders)."""
     key = json.dumps({"format": FORMAT_VERSION, **params}, sort_keys=True, default=str)
-    path = Path(cache_dir or default_cache_dir()) / kind / hashlib.sha1(key.encode()).hexdigest()[:16]
+    path = Path(cache_dir or paths.cache_dir()) / kind / hashlib.sha1(key.encode()).hexdigest()[:16]
     if not path.exists():
         tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
         build().save_to_disk(str(tmp))
