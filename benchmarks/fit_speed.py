@@ -1,0 +1,135 @@
+"""Whole fits, not steps: `phasefix.fit` runs of one regime, float32 eager against the default path and against
+`trainer.compile=true`, as ratios of their summed `train_seconds` in one run (issue 69).
+
+Each fit is a fresh process (`python -m phasefix.fit`, one thread, no progress bar, its own MLflow store under a
+temporary directory), so imports, the compile and its on-disk cache count as a user meets them. A warm-up round runs
+every variant once (the training set gets built and cached, the compile's graphs reach inductor's cache under the
+project's cache directory; its compile is reported, then left out), then `--rounds` rounds run every variant once
+each, the order rotated per round. Reported per variant: the summed train_seconds of the timed rounds, of it the
+compile (`compile_seconds`), the process's wall time, and the ratio of float32 eager's summed train_seconds to the
+variant's (with and without its compile).
+
+    python benchmarks/fit_speed.py                                   # coverage_w8s8, 80 steps, 2 timed rounds
+    python benchmarks/fit_speed.py --regime default --steps 200 --variants fp32_eager default
+    python benchmarks/fit_speed.py --markdown > table.md
+
+Variants (overrides on top of the regime's): fp32_eager (`trainer.precision=32-true trainer.compile=false`), default
+(nothing: `precision=auto`, `compile=auto`), compile (`trainer.compile=true`), and fp32_eager_adamw_loop (float32
+eager with torch's per-tensor AdamW loop instead of the fused kernel: what the fused optimizer bought).
+Figures and the machine they came from: docs/performance.md, "Whole fits".
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "fp32_eager": ["trainer.precision=32-true", "trainer.compile=false"],
+    "default": [],
+    "compile": ["trainer.compile=true"],
+    "fp32_eager_adamw_loop": ["trainer.precision=32-true", "trainer.compile=false"],
+}
+RUNNER = """
+import sys
+{patch}
+from phasefix.fit import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_fit(variant: str, regime: str, steps: int, workdir: Path, tag: str) -> dict:
+    out = workdir / tag
+    overrides = [f"regime={regime}", f"trainer.max_steps={steps}", "trainer.num_threads=1",
+                 "trainer.progress_bar=false", f"trainer.checkpoint_every_n_steps={steps}",
+                 f"logger.tracking_uri=sqlite:///{workdir / 'mlflow.db'}", f"output_dir={out}", *VARIANTS[variant]]
+    patch = _loop_adamw_patch() if variant == "fp32_eager_adamw_loop" else ""
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", RUNNER.format(patch=patch), *overrides], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    return {"variant": variant, "train_seconds": s["train_seconds"], "total_seconds": s["total_seconds"],
+            "compile_seconds": s["compile"].get("seconds", 0.0), "compiled": s["compile"]["used"],
+            "precision": s["precision"]["used"], "wall": round(wall, 1),
+            "prefix_mean": s.get("prefix", {}).get("acc_mean")}
+
+
+def _loop_adamw_patch() -> str:
+    """Subclass AdamW so that `fused` is off whatever the caller passes: torch's per-tensor loop."""
+    return ("import torch\n"
+            "class _LoopAdamW(torch.optim.AdamW):\n"
+            "    def __init__(self, *a, **k):\n"
+            "        k.update(fused=False, foreach=False)\n"
+            "        super().__init__(*a, **k)\n"
+            "torch.optim.AdamW = _LoopAdamW\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--regime", default="coverage_w8s8")
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", nargs="+", default=["fp32_eager", "default", "compile"], choices=list(VARIANTS))
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    meta = {"command": "python benchmarks/fit_speed.py " + " ".join(sys.argv[1:]), "commit": commit,
+            "start": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            "machine": f"{platform.node()}, {os.cpu_count()} CPUs, "
+                       + next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                               if ln.startswith("model name")), platform.processor()),
+            "load_average": [round(x, 1) for x in os.getloadavg()]}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fit_speed-") as tmp:
+        work = Path(tmp)
+        for v in args.variants:  # warm-up: data cache, inductor cache
+            r = run_fit(v, args.regime, args.steps, work, f"warmup-{v}")
+            print(f"warm-up {v}: {r}", file=sys.stderr, flush=True)
+            rows.append({**r, "round": "warm-up"})
+        for i in range(args.rounds):
+            order = args.variants[i % len(args.variants):] + args.variants[:i % len(args.variants)]
+            for v in order:
+                r = run_fit(v, args.regime, args.steps, work, f"r{i}-{v}")
+                print(f"round {i} {v}: {r}", file=sys.stderr, flush=True)
+                rows.append({**r, "round": i})
+    meta["end"] = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    meta["load_average_end"] = [round(x, 1) for x in os.getloadavg()]
+    print(json.dumps(meta))
+    print(table(rows, args.variants, args.markdown))
+
+
+def table(rows: list[dict], variants: list[str], markdown: bool) -> str:
+    timed = [r for r in rows if r["round"] != "warm-up"]
+    base = sum(r["train_seconds"] for r in timed if r["variant"] == variants[0])
+    head = ["variant", "precision", "compiled", "train_seconds per round", "summed", "of it compile",
+            "ratio (with compile)", "ratio (compile left out)", "process wall per round", "warm-up compile s"]
+    lines = []
+    for v in variants:
+        mine = [r for r in timed if r["variant"] == v]
+        total = sum(r["train_seconds"] for r in mine)
+        comp = sum(r["compile_seconds"] for r in mine)
+        warm = next(r for r in rows if r["variant"] == v and r["round"] == "warm-up")
+        lines.append([v, mine[0]["precision"], str(mine[0]["compiled"]).lower(),
+                      ", ".join(f"{r['train_seconds']:.1f}" for r in mine), f"{total:.1f}", f"{comp:.1f}",
+                      f"**{base / total:.2f}**", f"{base / max(total - comp, 1e-9):.2f}",
+                      ", ".join(f"{r['wall']:.0f}" for r in mine), f"{warm['compile_seconds']:.1f}"])
+    if not markdown:
+        return "\n".join("  ".join(x) for x in [head, *lines])
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(x) + " |" for x in lines])
+
+
+if __name__ == "__main__":
+    main()
