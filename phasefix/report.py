@@ -20,6 +20,9 @@ outputs/reports/<date>-<time>):
   worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
   flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
+  side_by_side.csv / .md / .png    two evaluate runs of the same prompts (runs=A,B: a reference and a deployment):
+                                   both on one figure, the phases where their Wilson intervals are disjoint named
+                                   (phasefix.side_by_side)
 
 `tables=` reads no MLflow run: it builds headline.csv / headline.md (each regime's baseline and best arm at equal
 cache entries per token, every padding, the source table named per row) from committed report folders'
@@ -420,6 +423,9 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                               "acc_worst", "on_front"))
         plots.save(plots.runs_pareto(prows), out / "pareto.png")
         files += ["pareto.csv", "pareto.png"]
+    from phasefix import side_by_side
+
+    files += side_by_side.write(c, out, runs)  # two evaluate runs of the same prompts: on one figure
     if cfg.into:
         refresh_quotes(Path(cfg.into), out)
 

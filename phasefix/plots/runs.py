@@ -242,3 +242,40 @@ def loss_curves(losses: Mapping[str, Sequence[float]], facts: Mapping[str, Mappi
     return fig
 
 
+
+
+def side_by_side(rows: Sequence[Mapping], names: Sequence[str]):
+    """Two audits of the same prompts (`phasefix.side_by_side.compare`'s rows): per label, both accuracy curves by
+    residue with their Wilson bands, the residues where the intervals are disjoint marked; a fact x end grid as
+    b - a, its differing cells marked."""
+    import numpy as np
+
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, axes = plt.subplots(1, len(labels), figsize=(0.6 + 3.8 * len(labels), 3.4), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        sel = [r for r in rows if r["label"] == label]
+        if label.endswith("_grid"):
+            P = math.isqrt(len(sel))
+            diff = np.array([r["b_acc"] - r["a_acc"] for r in sel]).reshape(P, P)
+            im = ax.imshow(diff, cmap="RdBu", vmin=-1, vmax=1, origin="lower", interpolation="nearest")
+            for i, r in enumerate(sel):
+                if r["differs"]:
+                    ax.plot(i % P, i // P, "kx", ms=6)
+            ax.set_xlabel("end: prompt length mod period")
+            ax.set_ylabel("fact: target position mod period")
+            fig.colorbar(im, ax=ax, label="b - a", shrink=0.8)
+        else:
+            x = np.arange(len(sel))
+            for key, name, colour in (("a", names[0], "C0"), ("b", names[1], "C1")):
+                ax.plot(x, [r[f"{key}_acc"] for r in sel], marker="o", ms=3, color=colour, label=name)
+                ax.fill_between(x, [r[f"{key}_low"] for r in sel], [r[f"{key}_high"] for r in sel], color=colour,
+                                alpha=0.15)
+            bad = [i for i, r in enumerate(sel) if r["differs"]]
+            ax.plot(bad, [1.04] * len(bad), "rv", ms=6, label="intervals disjoint" if bad else None)
+            ax.set_ylim(-0.02, 1.08)
+            ax.set_xlabel("residue of the prompt's end" if label.endswith("_end") else "residue of the target key")
+            ax.set_ylabel("accuracy")
+            ax.legend(fontsize=6, loc="lower left")
+        ax.set_title(label, fontsize=8)
+    fig.tight_layout()
+    return fig
