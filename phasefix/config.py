@@ -138,9 +138,11 @@ class SlotCoverageOptions:
     branch: str = "both"  # key | value | both
     # or: a phase is covered as often as some head reads it, 1 - prod_h (1 - q_h); mean: as the heads read it on average
     combine: str = "or"
-    # the term lies in [0, 1] and is 0 once every phase has its fair share 1/S from some head (a floor, not a target)
+    # the term lies in [0, 1] and is 0 once the heads read every phase often enough (a floor, not a target)
     weight: float = 1.0
-    floor: float = 1.0  # the weight a phase needs to cost nothing, in units of the fair share 1/S
+    # what a phase needs, in units of one head's fair share 1/S: 1.5 is 80% of two uniform heads' 2/S - 1/S^2 (S = 8);
+    # at 1 the near-uniform heads of trained coverage_w8s8_curric models are never charged
+    floor: float = 1.5
     eps: float = 0.05  # the log barrier's offset: an unread phase costs log((1+eps)/eps), normalised to 1
     start_step: int = 0  # the term is off before this training step ...
     ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)

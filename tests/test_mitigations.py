@@ -198,46 +198,57 @@ def barrier(c, eps=0.05):
     return math.log((1 + eps) / (min(c, 1.0) + eps)) / math.log((1 + eps) / eps)
 
 
+def cover(cfg, gates, **opts):
+    """slot_coverage at floor 1: a phase needs the fair share 1/S from the heads together."""
+    return term("slot_coverage", cfg, gates, **{"floor": 1.0, **opts})
+
+
 def test_slot_coverage_by_hand():
     """The union of the heads, not each head: two heads each on half the phases pay nothing; a phase no head reads
     costs 1/S; the heads' slots are read as phases on each head's own grid."""
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1)
     halves = [[.5, .5, 0, 0], [0, 0, .5, .5]]
-    assert term("slot_coverage", cfg, gates_from([halves])) == pytest.approx(0, abs=1e-6)
+    assert cover(cfg, gates_from([halves])) == pytest.approx(0, abs=1e-6)
     assert term("gate_diversity", cfg, gates_from([halves])) == pytest.approx(0.5)  # per head: each pays
-    assert term("slot_coverage", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0, abs=1e-6)
+    assert cover(cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0, abs=1e-6)
     # both heads on phases 0, 1: phases 2 and 3 uncovered, 1/4 each
-    assert term("slot_coverage", cfg, gates_from([[halves[0], halves[0]]])) == pytest.approx(0.5)
+    assert cover(cfg, gates_from([[halves[0], halves[0]]])) == pytest.approx(0.5)
     # both on slot 0: three phases uncovered; one head on three slots, one on 0: phase 3 alone uncovered
-    assert term("slot_coverage", cfg, gates_from([ONE_HOT[[0, 0]]])) == pytest.approx(0.75)
-    assert term("slot_coverage", cfg, gates_from([[[1 / 3, 1 / 3, 1 / 3, 0], [1, 0, 0, 0]]])) == pytest.approx(0.25)
-    # a phase some head reads less often than 1/4 costs the barrier at its share: phase 3, 1 - 0.9^2 = 0.19 -> 0.76
-    assert term("slot_coverage", cfg, gates_from([[[.3, .3, .3, .1], [.3, .3, .3, .1]]])) == \
+    assert cover(cfg, gates_from([ONE_HOT[[0, 0]]])) == pytest.approx(0.75)
+    assert cover(cfg, gates_from([[[1 / 3, 1 / 3, 1 / 3, 0], [1, 0, 0, 0]]])) == pytest.approx(0.25)
+    # a phase the heads together read less often than 1/4 costs the barrier at its share: 1 - 0.9^2 = 0.19 -> 0.76
+    assert cover(cfg, gates_from([[[.3, .3, .3, .1], [.3, .3, .3, .1]]])) == \
         pytest.approx(barrier(0.76) / 4, rel=1e-5)
     # floor 2: a phase needs 2/4 = 0.5; heads on halves give each phase 0.5, both uniform 1 - 0.75^2 = 0.4375
-    assert term("slot_coverage", cfg, gates_from([halves]), floor=2.0) == pytest.approx(0, abs=1e-6)
-    assert term("slot_coverage", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])]), floor=2.0) == \
+    assert cover(cfg, gates_from([halves]), floor=2.0) == pytest.approx(0, abs=1e-6)
+    assert cover(cfg, gates_from([torch.stack([UNIFORM, UNIFORM])]), floor=2.0) == \
         pytest.approx(barrier(0.875), rel=1e-5)
+    # the default floor 1.5 (0.375 here): uniform heads and halves pass; a head on phase 0 beside a uniform one
+    # leaves phases 1-3 at 1/4, 2/3 of what they need
+    assert term("slot_coverage", cfg, gates_from([torch.stack([UNIFORM, UNIFORM])])) == pytest.approx(0, abs=1e-6)
+    assert term("slot_coverage", cfg, gates_from([halves])) == pytest.approx(0, abs=1e-6)
+    assert term("slot_coverage", cfg, gates_from([[UNIFORM.tolist(), [1, 0, 0, 0]]])) == \
+        pytest.approx(3 * barrier(2 / 3) / 4, rel=1e-5)
     # spread offsets (0, 2): head 1's slot i holds phase (i + 2) mod 4, so the same slots 0, 1 cover phases 2, 3
     spread = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=1, head_offsets="spread")
-    assert term("slot_coverage", spread, gates_from([[halves[0], halves[0]]])) == pytest.approx(0, abs=1e-6)
-    assert term("slot_coverage", spread, gates_from([halves])) == pytest.approx(0.5)  # now both on phases 0, 1
+    assert cover(spread, gates_from([[halves[0], halves[0]]])) == pytest.approx(0, abs=1e-6)
+    assert cover(spread, gates_from([halves])) == pytest.approx(0.5)  # now both on phases 0, 1
     # combine=mean: one uniform head beside one on phase 0 leaves phases 1-3 at 1/8 (half their share); or does not
     mixed = [UNIFORM.tolist(), [1, 0, 0, 0]]
-    assert term("slot_coverage", cfg, gates_from([mixed])) == pytest.approx(0, abs=1e-6)
-    assert term("slot_coverage", cfg, gates_from([mixed]), combine="mean") == \
+    assert cover(cfg, gates_from([mixed])) == pytest.approx(0, abs=1e-6)
+    assert cover(cfg, gates_from([mixed]), combine="mean") == \
         pytest.approx(3 * barrier(0.5) / 4, rel=1e-5)
     # W8/S4: slots i and i + 4 hold the same phase; a head on slots 0 and 4 reads phase 0 only
     cfg84 = ModelConfig(window=8, stride=4, num_kv_heads=2, num_layers=1)
     eye8 = torch.eye(8)
-    assert term("slot_coverage", cfg84, gates_from([(eye8[[0, 0]] + eye8[[4, 4]]) / 2])) == pytest.approx(0.75)
-    assert term("slot_coverage", cfg84, gates_from([(eye8[[0, 1]] + eye8[[6, 7]]) / 2])) == pytest.approx(0, abs=1e-6)
+    assert cover(cfg84, gates_from([(eye8[[0, 0]] + eye8[[4, 4]]) / 2])) == pytest.approx(0.75)
+    assert cover(cfg84, gates_from([(eye8[[0, 1]] + eye8[[6, 7]]) / 2])) == pytest.approx(0, abs=1e-6)
     # value branch and the mean over branches (both by default) and layers
     gates = with_values(gates_from([halves]), [ONE_HOT[[0, 0]]])
-    assert term("slot_coverage", cfg, gates, branch="value") == pytest.approx(0.75)
-    assert term("slot_coverage", cfg, gates) == pytest.approx(0.375)
+    assert cover(cfg, gates, branch="value") == pytest.approx(0.75)
+    assert cover(cfg, gates) == pytest.approx(0.375)
     cfg_l2 = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2)
-    assert term("slot_coverage", cfg_l2, gates_from([halves, ONE_HOT[[0, 0]]])) == pytest.approx(0.375)
+    assert cover(cfg_l2, gates_from([halves, ONE_HOT[[0, 0]]])) == pytest.approx(0.375)
 
 
 def test_slot_coverage_gradient_reaches_the_gates_of_a_shift_spread_model_and_costs_nothing():
@@ -409,7 +420,7 @@ def test_a_few_hundred_steps_on_the_term_alone_spread_collapsed_compressor_gates
             q = phase_weights(P, b)
             assert float(q.sum(1).min()) > 0.95 and len(set(q.argmax(1).tolist())) == 2, (layer, b, P)
             assert float((q[0] * q[1]).sum()) < 0.05
-    elif name == "slot_coverage":  # per layer and branch: some head reads every phase at (nearly) its share 1/4
+    elif name == "slot_coverage":  # per layer and branch: the heads together read every phase (need: 1.5/4)
         for (layer, b), P in after.items():
             assert float(P.max(0).values.min()) > 0.2, (layer, b, P)
     else:  # per branch: the four heads of both layers cover phases 0, 1, 2

@@ -231,10 +231,10 @@ class SlotCoverage(GateMitigation):
     """The KV heads of a layer together read every token phase: what the heads carry jointly, not each head's
     entropy. Per layer and branch, the heads' static phase weights q_h(r) (`token_phase_distribution`) combine into
     one coverage u(r) = 1 - prod_h (1 - q_h(r)) (`combine: or`: the chance some head reads r, taking q_h(r) as the
-    chance head h does) or mean_h q_h(r) (`mean`). Phase r's share of the weight it needs, `floor` times the fair
-    share 1/S, is c(r) = min(1, S u(r) / floor), and the term is a log barrier on the shortfall,
+    chance head h does) or mean_h q_h(r) (`mean`). Phase r's share of the weight it needs, `floor` times one
+    head's fair share 1/S, is c(r) = min(1, S u(r) / floor), and the term is a log barrier on the shortfall,
         C = 1/S sum_r log((1 + eps) / (c(r) + eps)) / log((1 + eps) / eps):
-    0 when every phase has what it needs (floor 1: two heads each on half the phases, or both uniform, pay nothing),
+    0 when every phase has what it needs (floor <= 2 - 1/S: two heads each on half the phases, or both uniform),
     1/S for each phase no head reads, (S-1)/S when all heads sit on one phase. Flat above the floor, so it neither
     rewards nor forbids specialisation; below it the pull on a phase grows as the phase empties (1/(c + eps))."""
 
