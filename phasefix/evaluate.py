@@ -296,7 +296,8 @@ def load_endpoint(opts: dict) -> Target:
     from phasefix.endpoint import Endpoint, load_tokenizer
 
     name = opts["tokenizer"] or opts["model"]
-    target = Target("endpoint", None, str(opts["model"]), str(opts["endpoint"]), tokenizer=load_tokenizer(name),
+    short = str(opts["model"]).rstrip("/").rsplit("/", 1)[-1]  # Qwen/Qwen3-0.6B: Qwen3-0.6B names the run
+    target = Target("endpoint", None, short, str(opts["endpoint"]), tokenizer=load_tokenizer(name),
                     tags={"model": str(opts["model"]), "endpoint": str(opts["endpoint"]), "tokenizer": str(name)})
     target.endpoint = Endpoint(opts["endpoint"], opts["model"], timeout=opts["timeout"], retries=opts["retries"],
                                concurrency=opts["concurrency"])

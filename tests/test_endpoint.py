@@ -189,3 +189,22 @@ def test_server_killed_mid_run_fails_with_one_line_and_keeps_what_was_scored(ser
     assert 3 <= kept < 16 and f"{kept} of 16 prefix prompts were scored and are kept in {responses}" in line
     assert f"out={out} resumes" in line
     assert no_runs(tmp_path) and not (out / "summary.json").exists()
+
+
+def test_prompts_survive_a_tokenizer_that_merges_runs_of_punctuation():
+    """A tokenizer that learned "..", "--", "**" (the plain pieces would merge): the filler moves to " .", " -" ...,
+    and every prompt's text tokenises back to its ids."""
+    from helpers import tiny_tokenizer
+
+    from phasefix.data.text_prompts import ANIMALS, FILLER, HEADERS, NAMES
+    from phasefix.endpoint import prompt_text
+
+    corpus = (list(HEADERS.values()) + [f"{a}: {n}\n" for a, n in zip(ANIMALS, NAMES)] + [f * 8 for f in FILLER] * 20
+              + [" ".join(FILLER)] * 20)  # runs of one piece, and pieces after a space
+    tok = tiny_tokenizer(corpus, vocab_size=600)
+    assert all(len(tok(f + f, add_special_tokens=False)["input_ids"]) == 1 for f in FILLER[:3])  # ".." is one token
+    prompts = TextPhaseSet(tok, "kv_lookup", "prefix", period=PERIOD, per_residue=2, max_pad=40, phase_of="end")
+    assert {tok.decode([i]) for i in prompts.filler} <= {" " + f for f in FILLER}
+    for i in range(len(prompts)):
+        ids = prompts.row(i)["input_ids"]
+        assert tok(prompt_text(tok, ids))["input_ids"] == ids.tolist()

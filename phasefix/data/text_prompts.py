@@ -118,18 +118,30 @@ def word_table(tokenizer, words: Sequence[str], template: str, need: int, what: 
 
 
 def filler_ids(tokenizer, num_filler: int) -> np.ndarray:
-    """Up to ``num_filler`` decorative pieces that are exactly one token each."""
+    """Up to ``num_filler`` decorative pieces that are exactly one token each and stay apart when written next to each
+    other, after a line break and before a word: the prompt's text then tokenises back to its ids (what an endpoint
+    reads, `phasefix.endpoint.prompt_text`). FILLER first; where a tokenizer merges runs of punctuation ("..",
+    "--"), the same pieces after a space (" .", " -"), which a regex pre-tokenizer keeps apart."""
     check(isinstance(num_filler, int) and num_filler >= 1, "num_filler", num_filler, "must be an integer >= 1")
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids = []
-    for piece in FILLER:
+    chosen: list[tuple[str, int]] = []
+
+    def apart(a: str, b: str) -> bool:
+        return encode(tokenizer, a + b) == encode(tokenizer, a) + encode(tokenizer, b)
+
+    for piece in FILLER + tuple(" " + f for f in FILLER):
         p = encode(tokenizer, piece)
-        if len(p) == 1 and p[0] not in special and p[0] not in ids:
-            ids.append(p[0])
-    if not ids:
-        raise ConfigError("model is invalid: its tokenizer has no single-token filler piece among "
-                          + " ".join(FILLER))
-    return np.asarray(ids[:num_filler], dtype=np.int64)
+        if len(p) != 1 or p[0] in special or p[0] in [i for _, i in chosen]:
+            continue
+        if all(apart(piece, q) and apart(q, piece) for q, _ in chosen + [(piece, p[0])]) \
+                and apart("\n", piece) and apart(piece, "Anna"):
+            chosen.append((piece, p[0]))
+        if len(chosen) == num_filler:
+            break
+    if not chosen:
+        raise ConfigError("model is invalid: its tokenizer has no single-token filler piece that stays apart from "
+                          "its neighbours among " + " ".join(repr(f) for f in FILLER + tuple(" " + f for f in FILLER)))
+    return np.asarray([i for _, i in chosen], dtype=np.int64)
 
 
 def header_ids(tokenizer, text: str) -> list[int]:
