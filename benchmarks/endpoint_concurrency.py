@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--period", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    ap.add_argument("--startup", type=float, default=900, help="seconds a server may take to start")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args()
@@ -55,7 +56,7 @@ def main() -> None:
     prompts = TextPhaseSet(tok, "kv_lookup", "prefix", period=a.period, per_residue=a.prompts // a.period)
     rows = []
     for server in a.servers:
-        with transformers_serve(model_dir, *SERVERS[server]) as (url, _):
+        with transformers_serve(model_dir, *SERVERS[server], startup_s=a.startup) as (url, _):
             rate(url, str(model_dir), prompts, tok, 8, work)  # warm-up: the first requests load and trace
             times = {1: [], 8: []}
             for _ in range(a.repeats):
