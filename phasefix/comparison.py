@@ -101,7 +101,7 @@ def run_facts(run, source=None) -> dict:
     if not any(k.startswith("model.") for k in params):  # an evaluate run of a foreign model
         return facts
     cfg = model_config(params)
-    facts["stride"] = cfg.stride
+    facts["stride"] = cfg.phase_stride
     if cfg.compressed:
         facts["compressor_flops_per_token"] = cfg.compressor_flops_per_token()
         facts["cache_entries_per_token"] = cfg.cache_entries_per_token()

@@ -302,6 +302,9 @@ def register_configs() -> None:
     # `${plus_one:${model.stride}}`: W = S + 1 that follows the stride (conf/arm/bridge*.yaml)
     if not OmegaConf.has_resolver("plus_one"):
         OmegaConf.register_new_resolver("plus_one", lambda x: int(x) + 1)
+    # `${double:${model.stride}}`: W = 2S that follows the stride, DeepSeek-V4's CSA overlap (conf/arm/overlap.yaml)
+    if not OmegaConf.has_resolver("double"):
+        OmegaConf.register_new_resolver("double", lambda x: 2 * int(x))
     # `${half:${trainer.max_steps}}`: a curriculum switch that follows the budget (conf/recipe/inseqfirst.yaml)
     if not OmegaConf.has_resolver("half"):
         OmegaConf.register_new_resolver("half", lambda x: int(x) // 2)

@@ -181,11 +181,11 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
     data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     m = hp["model"]
     mitigations = ",".join(hp["mitigation"].keys()) if hp.get("mitigation") else "none"
-    tags = {"model": str(m.get("name")), "attention": str(m.get("attention")), "window": str(m.get("window")),
-            "stride": str(m.get("stride")), "mitigations": mitigations, "seed": str(hp.get("seed"))}
+    tags = {"model": str(m.get("name")), "attention": str(m.get("attention")), **module.model_config.shape_tags(),
+            "mitigations": mitigations, "seed": str(hp.get("seed"))}
     if run.run_id:
         tags["phasefix.source_run"] = run.run_id
-    stride = module.model_config.stride if module.model_config.compressed else None
+    stride = module.model_config.phase_stride if module.model_config.compressed else None
     return Target("phasefix", module.model.to(device).eval(), str(m.get("name")), str(ckpt),
                   period=int(hp.get("period", 24)), stride=stride, tags=tags, data_cfg=data_cfg)
 

@@ -39,8 +39,9 @@ def plan(cfg: DictConfig) -> dict:
     C.validate_eval(cfg.eval)
     data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     data_cfg.vocab.check_fits(model_cfg.vocab_size)
-    check(cfg.eval.period % model_cfg.stride == 0, "eval.period", cfg.eval.period,
-          f"must be a multiple of model.stride ({model_cfg.stride}) so residue groups fold onto phases")
+    check(cfg.eval.period % model_cfg.phase_stride == 0, "eval.period", cfg.eval.period,
+          f"must be a multiple of the phase stride ({model_cfg.phase_stride}: model.stride, or the lcm of "
+          "model.layer_compression's strides) so residue groups fold onto phases")
     try:  # the evaluation prompts must fit the trained task: check on a one-prompt-per-residue set
         from phasefix.data import make_phase_eval
 
@@ -207,8 +208,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     if run is None:
         mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
         run_id = tracking.create_run(c, cfg.logger.experiment_name, run_name(cfg), tags={
-            "model": cfg.model.name, "attention": cfg.model.attention, "window": str(cfg.model.window),
-            "stride": str(cfg.model.stride), "mitigations": mitigation_names, "seed": str(cfg.seed),
+            "model": cfg.model.name, "attention": cfg.model.attention, **model_cfg.shape_tags(),
+            "mitigations": mitigation_names, "seed": str(cfg.seed),
             "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
             **({"forked_from": f"{source.run_id} at step {start_step} ({source.checkpoint()})"} if source else {}),
@@ -290,7 +291,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
             results = {}
             for pad in cfg.eval.paddings:
                 ds = eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.per_residue, cfg.eval.seed)
-                results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.stride,
+                results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.phase_stride,
                                               n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
                                               progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
             summary = summarize(run_id, model_cfg, results, train_seconds, before_total + time.time() - t_start,
@@ -324,7 +325,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
 
 def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir) -> dict:
     summary = {"mlflow_run_id": run_id, "model": model_cfg.name, "attention": model_cfg.attention,
-               "window": model_cfg.window, "stride": model_cfg.stride,
+               **model_cfg.shape_tags(),
                # the costs a study constrains (compression at equal cache size): docs/mitigations.md
                "compressor_flops_per_token": model_cfg.compressor_flops_per_token(),
                "cache_entries_per_token": model_cfg.cache_entries_per_token(),
@@ -370,7 +371,7 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
         tracking.log_metric_values(c, run_id, {"final/lm_loss": summary["lm_loss"]})
     from phasefix import plots
 
-    fig = plots.phase_curves(results, model_cfg.stride, title=f"{run_name(cfg)}  (run {run_id[:8]})")
+    fig = plots.phase_curves(results, model_cfg.phase_stride, title=f"{run_name(cfg)}  (run {run_id[:8]})")
     tracking.log_figure(c, run_id, fig, "phase_curves.png")
     tracking.log_phase_table(c, run_id, results)
     if model_cfg.compressed and model_cfg.gate != "uniform":

@@ -52,7 +52,7 @@ class PhaseFixModule(L.LightningModule):
         self.needs_gates = any(m.needs_gates for m in self.mitigations)
         self.paddings = tuple(paddings)
         # n_boot=1: the bootstrap intervals are computed only at the end
-        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.stride, n_boot=1)
+        self.val_acc = torch.nn.ModuleList(PhaseAccuracy(period, fold_stride=model_cfg.phase_stride, n_boot=1)
                                            for _ in self.paddings)
         self.compile_training = False  # trainer.compile: see train_forward
         self._compiled = None

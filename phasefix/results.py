@@ -26,9 +26,22 @@ FREE_MACS = 1.02  # issue 54's "unmitigated cost": at most +2% compressor multip
 
 
 def arm_overrides(arm: str) -> str:
-    """conf/arm/<arm>.yaml as the overrides it amounts to (`model.window=S+1` for the stride-following window)."""
+    """conf/arm/<arm>.yaml as the overrides it amounts to (`model.window=S+1` for the stride-following window; an
+    arm composed of other arms, by its defaults list, as theirs and then its own)."""
+    return " ".join(_arm_words(arm)) or "(nothing: the regime as it is)"
+
+
+STRIDE_RULES = {"${plus_one:": "S+1", "${double:": "2S"}  # the stride-following windows, as the tables write them
+
+
+def _arm_words(arm: str) -> list[str]:
     node = OmegaConf.load(CONF_DIR / "arm" / f"{arm}.yaml")
-    words = [f"+mitigation={next(iter(d.values()))}" for d in node.get("defaults", []) if isinstance(d, Mapping)]
+    words = []
+    for d in node.get("defaults", []):
+        if isinstance(d, Mapping):  # `- /mitigation: NAME`
+            words.append(f"+mitigation={next(iter(d.values()))}")
+        elif d != "_self_":  # another arm
+            words.extend(_arm_words(str(d)))
     body = OmegaConf.to_container(node, resolve=False)
     body.pop("defaults", None)
 
@@ -39,10 +52,12 @@ def arm_overrides(arm: str) -> str:
             else:
                 yield f"{prefix}{k}", v
     for key, value in walk(body):
-        if isinstance(value, str) and value.startswith("${plus_one:"):
-            value = "S+1"
+        if isinstance(value, str):
+            value = next((rule for start, rule in STRIDE_RULES.items() if value.startswith(start)), value)
+        if isinstance(value, list):
+            value = "[" + ",".join(str(v) for v in value) + "]"
         words.append(f"{key}={value}")
-    return " ".join(words) or "(nothing: the regime as it is)"
+    return words
 
 
 @functools.lru_cache(maxsize=None)  # one Hydra compose per cell, however many rows and sentences ask

@@ -15,6 +15,10 @@ loop over windows and slots and its own attention loop over queries and heads, s
 - raw keys of query t: the tokens (t-L, t] ("window") or the tokens after the last visible window ("tail");
 - compressed keys get RoPE at position jS-d; one softmax over raw keys, visible entries and the sink logit;
 - token shift K: the compressor reads h'_t = sum_k w_k h_{t-K+1+k} (zeros before position 0) instead of h_t;
+- per-layer shape (`layer_compression`): each layer has its own W and S, read from the pattern here; a 'none' layer
+  has no entries and sees its raw local window (t-L, t] only;
+- boundary bridge b: entry j also pools the b tokens before its window, token (start - b + k) with the maps of slot
+  S-b+k (the slot it has in the previous window);
 - head offsets: KV head g has its own grid, offset layer + head offset (not reduced mod S here: the windows are
   enumerated by their last token e = S-1-d (mod S), e >= 0, so offsets d and d+S give the same windows by
   construction); everything above (windows, visibility, tail, entry RoPE position e+1-S = jS-d) is per head.
@@ -68,13 +72,15 @@ def token_shift(h: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def _pool(cfg, P: dict, branch: str, h: torch.Tensor, end: int, k_norm_w, post_norm_applies: bool):
+def _pool(cfg, P: dict, branch: str, h: torch.Tensor, end: int, k_norm_w, post_norm_applies: bool, W: int,
+          S: int):
     """The entry of the window ending at token `end`, one branch: [HKV, D] (every head pooled on this window; the
     caller keeps the heads whose grid it is), from the compressor's input h [T, C]."""
-    W, HKV, D = cfg.window, cfg.num_kv_heads, cfg.head_dim
+    HKV, D, b = cfg.num_kv_heads, cfg.head_dim, getattr(cfg, "boundary_bridge", 0)
+    start = end - W + 1
+    slots = [(start - b + k, S - b + k) for k in range(b)] + [(start + i, i) for i in range(W)]  # (token, maps)
     payloads, logits = [], []
-    for i in range(W):
-        p = end - W + 1 + i
+    for p, i in slots:
         if p < 0:  # a slot before position 0: zero weight
             continue
         c = (h[p] @ P[f"{branch}_payload"][i]).view(HKV, D)
@@ -96,11 +102,20 @@ def _pool(cfg, P: dict, branch: str, h: torch.Tensor, end: int, k_norm_w, post_n
     return (a * torch.stack(payloads)).sum(0)
 
 
-def attention_layer(cfg, P: dict, h: torch.Tensor, d) -> torch.Tensor:
+def layer_shape(cfg, layer: int):
+    """(W, S) of a layer, None for a 'none' layer (the local window only), from the pattern as written."""
+    pattern = getattr(cfg, "layer_compression", None) or [f"{cfg.window}/{cfg.stride}"]
+    entry = pattern[layer % len(pattern)]
+    return None if entry == "none" else tuple(int(x) for x in entry.split("/"))
+
+
+def attention_layer(cfg, P: dict, h: torch.Tensor, d, shape=None) -> torch.Tensor:
     """One attention layer on the normed hidden states h [T, C] (float64) -> [T, C]; d: the grid offset, an int
-    or one per KV head."""
+    or one per KV head; shape: the layer's (W, S) (default the model's), None with a compressed model: no entries."""
     T = h.shape[0]
-    H, HKV, D, S = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.stride
+    H, HKV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    W, S = shape or (cfg.window, cfg.stride)
+    compressed = cfg.attention == "compressed" and shape is not None
     G = H // HKV
     width = D if cfg.rope_dims is None else cfg.rope_dims
     qn = P.get("q_norm.weight") if cfg.qk_norm else None
@@ -125,16 +140,16 @@ def attention_layer(cfg, P: dict, h: torch.Tensor, d) -> torch.Tensor:
     entries_k = [[] for _ in range(HKV)]  # [KV head][entry] -> [D]
     entries_v = [[] for _ in range(HKV)]
     ends = [[] for _ in range(HKV)]
-    if cfg.attention == "compressed":
+    if compressed:
         hc = token_shift(h, P.get("token_shift"))
         for g in range(HKV):
             end = (S - 1 - ds[g]) % S  # the first window end at or after position 0
             while end <= T - 1:
-                kj = _pool(cfg, P, "key", hc, end, kn, cfg.post_norm and kn is not None)
+                kj = _pool(cfg, P, "key", hc, end, kn, cfg.post_norm and kn is not None, W, S)
                 if not cfg.post_norm:
                     kj = rmsnorm(kj, kn, cfg.rms_norm_eps)
                 kj = rope(kj[g], end + 1 - S, width, cfg.rope_theta)
-                vj = kj if cfg.tied_kv else _pool(cfg, P, "value", hc, end, kn, False)[g]
+                vj = kj if cfg.tied_kv else _pool(cfg, P, "value", hc, end, kn, False, W, S)[g]
                 entries_k[g].append(kj)
                 entries_v[g].append(vj)
                 ends[g].append(end)
@@ -146,11 +161,11 @@ def attention_layer(cfg, P: dict, h: torch.Tensor, d) -> torch.Tensor:
         for hh in range(H):
             g = hh // G
             visible = [j for j in range(len(ends[g])) if ends[g][j] <= t]  # its window is complete
-            if cfg.attention == "compressed":  # the formula, less the windows that end before position 0
+            if compressed:  # the formula, less the windows that end before position 0
                 assert len(visible) == (t + 1 + ds[g]) // S - ds[g] // S
             if cfg.attention == "full":
                 raw = list(range(0, t + 1))
-            elif cfg.local_memory == "window":
+            elif cfg.local_memory == "window" or not compressed:
                 raw = [s for s in range(t - cfg.local_window + 1, t + 1) if s >= 0]
             else:  # the uncompressed tail: tokens after the end of the head's last visible window
                 first = ends[g][visible[-1]] + 1 if visible else 0
@@ -185,14 +200,25 @@ def logits(model, input_ids: torch.Tensor, params: dict | None = None) -> torch.
             pre = f"layers.{layer}."
             P = {n[len(pre + "attn."):].replace("compressor.", ""): t for n, t in sd.items()
                  if n.startswith(pre + "attn.")}
-            d = cfg.grid_offsets[layer % len(cfg.grid_offsets)] if cfg.grid_offsets else 0
+            shape = layer_shape(cfg, layer)
+            S = shape[1] if shape else cfg.stride
+            offsets = cfg.grid_offsets
+            if offsets == "stagger":  # the rules of GRID_OFFSETS (phasefix.model.config), written out
+                d = layer * S // cfg.num_layers
+            elif offsets == "half":
+                d = S // 2 if layer % 2 else 0
+            elif offsets == "coprime":
+                k = next(k for k in range(max(1, S // cfg.num_layers), S + 1) if math.gcd(k, S) == 1)
+                d = layer * k % S
+            else:
+                d = offsets[layer % len(offsets)] if offsets and offsets != "none" else 0
             heads = getattr(cfg, "head_offsets", "none")
             if heads == "spread":
-                heads = [g * cfg.stride // cfg.num_kv_heads for g in range(cfg.num_kv_heads)]
+                heads = [g * S // cfg.num_kv_heads for g in range(cfg.num_kv_heads)]
             elif heads in ("none", None):
                 heads = [0] * cfg.num_kv_heads
             d = [d + x for x in heads]  # not reduced mod S: see the module docstring
-            x = x + attention_layer(cfg, P, rmsnorm(x, sd[pre + "input_norm.weight"], eps), d)
+            x = x + attention_layer(cfg, P, rmsnorm(x, sd[pre + "input_norm.weight"], eps), d, shape)
             h = rmsnorm(x, sd[pre + "post_attn_norm.weight"], eps)
             gate = h @ sd[pre + "mlp.gate_proj.weight"].T
             up = h @ sd[pre + "mlp.up_proj.weight"].T

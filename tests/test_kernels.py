@@ -259,6 +259,12 @@ MODEL_CASES = {
     # the bridges of issue 16: token shift (before pooling) and per-head offsets (one kernel call per offset)
     "w5s4-shift2-spread-tail-sink": dict(window=5, stride=4, token_shift=2, head_offsets="spread",
                                          local_memory="tail", attention_sink=True, grid_offsets=[3]),
+    # per-layer compression (issue 66): CSA-like, HCA-like and a local-window-only layer (no entries at all), one KV
+    # head, staggered grids; and the boundary bridge's tied leading slots
+    "layers-w8s4-w12s12-none-stagger-sink": dict(num_layers=3, num_kv_heads=1, attention_sink=True,
+                                                 layer_compression=["8/4", "12/12", "none"], grid_offsets="stagger"),
+    "bridge2-w4s4-layers-tail-coprime": dict(num_layers=2, layer_compression=["4/4", "6/3"], boundary_bridge=2,
+                                             local_memory="tail", grid_offsets="coprime"),
 }
 
 
@@ -270,8 +276,8 @@ def test_model_paths_match_naive(case, impl):
     from phasefix.model.config import ModelConfig
     from phasefix.model.qwen3 import CompressedQwen3
 
-    cfg = dict(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-               intermediate_size=64, query_block=8, **case)
+    cfg = {**dict(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                  intermediate_size=64, query_block=8), **case}
     torch.manual_seed(0)
     m_ref = CompressedQwen3(ModelConfig(**cfg, attn_impl="naive")).double()
     m_fast = CompressedQwen3(ModelConfig(**cfg, attn_impl=impl)).double()

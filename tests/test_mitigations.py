@@ -275,6 +275,18 @@ def test_slot_coverage_gradient_reaches_the_gates_of_a_shift_spread_model_and_co
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
 
 
+def test_layer_coord_across_layers_of_different_strides_by_hand():
+    """Per-layer compression (issue 66): phases are counted mod the strides' lcm, a phase r of a layer of stride S_l
+    covering every r' = r mod S_l. One KV head; layer 0 W2/S2 (slot 0 answers phase 0, i.e. 0 and 2 mod 4; slot 1 is
+    its boundary, phases 1 and 3), layer 1 W4/S4 (slots 0-2 answer phases 0-2). Phase 3 is every layer's boundary,
+    so the mean runs over phases 0, 1, 2."""
+    cfg = ModelConfig(window=4, stride=4, num_kv_heads=1, num_layers=2, layer_compression=["2/2", "4/4"])
+    two, four = torch.eye(2), torch.eye(4)
+    assert term("layer_coord", cfg, gates_from([two[[0]], four[[1]]])) == pytest.approx(0, abs=1e-6)
+    assert term("layer_coord", cfg, gates_from([two[[0]], four[[0]]])) == pytest.approx(1 / 3)  # phase 1 open
+    assert term("layer_coord", cfg, gates_from([two[[1]], four[[2]]])) == pytest.approx(2 / 3)  # 0 and 1 open
+
+
 def test_static_excludes_incomplete_windows_with_and_without_config():
     cfg = ModelConfig(window=4, stride=4, num_kv_heads=2, num_layers=2, grid_offsets=[0, 2])
     model = CompressedQwen3(cfg)

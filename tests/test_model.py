@@ -187,6 +187,22 @@ ORACLE_CASES = {
     # all three bridges at once
     "bridges_w5s4_shift2_spread_tail": dict(window=5, stride=4, token_shift=2, head_offsets="spread",
                                             local_memory="tail"),
+    # per-layer compression (issue 66): CSA-like, HCA-like and local-window-only layers, cycled over 4 layers
+    "layers_csa_hca_none": dict(num_layers=4, num_kv_heads=1, layer_compression=["8/4", "12/12", "none"]),
+    "layers_csa_hca_tail_offsets": dict(num_layers=3, layer_compression=[[6, 3], [10, 5]], local_memory="tail",
+                                        grid_offsets=[2, 4], head_offsets="spread"),
+    "layers_none_first_shift_sink": dict(num_layers=3, num_kv_heads=1, layer_compression=["none", "8/4", "6/6"],
+                                         token_shift=2, attention_sink=True, gate="vector", tied_kv=True),
+    # the grid-offset rules across depth, on per-layer strides
+    "grid_stagger": dict(num_layers=3, num_kv_heads=1, layer_compression=["8/4", "6/6"], grid_offsets="stagger"),
+    "grid_half": dict(num_layers=3, window=6, stride=6, grid_offsets="half", local_memory="tail"),
+    "grid_coprime": dict(num_layers=2, num_kv_heads=1, window=8, stride=4, grid_offsets="coprime"),
+    # the boundary bridge (zero-parameter edges across the boundary, arXiv 2606.02680)
+    "boundary_bridge_1": dict(window=4, stride=4, boundary_bridge=1),
+    "boundary_bridge_2_w8s4_vector_tail_prior": dict(window=8, stride=4, boundary_bridge=2, gate="vector",
+                                                     local_memory="tail", _slot_prior=True),
+    "boundary_bridge_layers_offsets": dict(num_layers=2, num_kv_heads=1, layer_compression=["8/4", "6/6"],
+                                           boundary_bridge=3, grid_offsets=[1, 5], token_shift=2),
     # the baseline goes through the same oracle
     "full_attention": dict(attention="full"),
 }
@@ -211,7 +227,8 @@ def test_matches_float64_oracle(case):
 NAIVE_ORACLE_CASES = ["w8s6", "w8s4_tail", "gate_vector_tail", "sink_tail", "grid_offsets_tail", "mqa",
                       "local_window_1", "deepseek_v4", "token_shift_3_w8s4_vector_tail",
                       "head_offsets_w8s4_vector_sink_rope8", "head_offsets_plus_grid_offsets_wrap",
-                      "bridges_w5s4_shift2_spread_tail"]
+                      "bridges_w5s4_shift2_spread_tail", "layers_csa_hca_none", "layers_none_first_shift_sink",
+                      "boundary_bridge_2_w8s4_vector_tail_prior"]
 
 
 @pytest.mark.parametrize("case", NAIVE_ORACLE_CASES, ids=NAIVE_ORACLE_CASES)
@@ -482,6 +499,48 @@ def test_cost_helpers_on_the_tiny_preset():
     assert ModelConfig.from_name("tiny").compressor_params() == 2 * 2 * (4 * 128 * 64 + 4 * 128 * 2 + 4 * 2)
 
 
+def test_per_layer_costs_sum_over_layers():
+    """Per-layer compression (issue 66): entries, multiply-adds and parameters are the sums of each layer's, by hand:
+    tiny's width (C=128, D=32) with one KV head, layers 8/4 (CSA-like), 16/16 (HCA-like) and none (no compressor)."""
+    per_slot = 2 * 128 * (32 + 1)  # two branches, payload C x D and a scalar gate C x 1: 8448
+    cfg = ModelConfig.from_name("tiny", num_layers=3, num_kv_heads=1, layer_compression=["8/4", [16, 16], "none"])
+    assert cfg.layer_compression == ["8/4", "16/16", "none"]  # [W, S] lists read as 'W/S'
+    assert cfg.layer_shapes() == [(8, 4), (16, 16), None] and cfg.phase_stride == 16
+    assert cfg.cache_entries_per_token() == 1 / 4 + 1 / 16
+    assert cfg.compressor_flops_per_token() == 8 / 4 * per_slot + 16 / 16 * per_slot
+    model = CompressedQwen3(cfg)
+    assert model.layers[2].attn.compressor is None
+    assert [c.window for c in model.compressors()] == [8, 16]
+    assert cfg.compressor_params() == sum(p.numel() for c in model.compressors() for p in c.parameters())
+    # cycled over 4 layers: 8/4, 16/16, none, 8/4
+    four = ModelConfig.from_name("tiny", num_layers=4, num_kv_heads=1, layer_compression=["8/4", "16/16", "none"])
+    assert four.cache_entries_per_token() == 2 / 4 + 1 / 16
+    # the boundary bridge adds no parameters, entries or multiply-adds (its slots reuse the previous window's)
+    bridged = ModelConfig.from_name("tiny", boundary_bridge=1)
+    plain = ModelConfig.from_name("tiny")
+    assert (bridged.compressor_params(), bridged.cache_entries_per_token(), bridged.compressor_flops_per_token()) \
+        == (plain.compressor_params(), plain.cache_entries_per_token(), plain.compressor_flops_per_token())
+    assert sum(p.numel() for p in CompressedQwen3(bridged).parameters()) == \
+        sum(p.numel() for p in CompressedQwen3(plain).parameters())
+
+
+def test_grid_offset_rules_by_hand():
+    """stagger floor(l S_l / L), half (S_l // 2 on odd layers) and coprime (l k mod S_l, k the first integer >=
+    S_l // L coprime to S_l), per layer on its own stride; a 'none' layer has offset 0."""
+    def offsets(rule, **kw):
+        cfg = ModelConfig(**{**SMALL, "num_kv_heads": 1, "grid_offsets": rule, **kw})
+        return [cfg.grid_offset(layer) for layer in range(cfg.num_layers)]
+
+    assert offsets("stagger", num_layers=2) == [0, 2]  # S = 4
+    assert offsets("half", num_layers=4) == [0, 2, 0, 2]
+    assert offsets("coprime", num_layers=2) == [0, 3]  # S // L = 2 shares a factor with 4: k = 3
+    assert offsets("coprime", num_layers=4) == [0, 1, 2, 3]  # k = 1: the stagger itself
+    assert offsets("stagger", num_layers=3, layer_compression=["8/4", "16/16", "none"]) == [0, 5, 0]
+    assert offsets("coprime", num_layers=3, layer_compression=["8/4", "16/16", "none"]) == [0, 5, 0]  # 5 coprime
+    assert offsets("half", num_layers=2, layer_compression=["8/4", "16/16"]) == [0, 8]
+    assert offsets([1, 9], num_layers=2, layer_compression=["8/4", "16/16"]) == [1, 9]  # layer 1's S is 16
+
+
 def test_head_offsets_accepts_hydra_lists():
     from omegaconf import OmegaConf
 
@@ -515,6 +574,17 @@ INVALID = {
     "head_offsets_length": (dict(head_offsets=[0]), "model.head_offsets"),
     "head_offsets_range": (dict(head_offsets=[0, 4]), "model.head_offsets"),
     "head_offsets_full_attention": (dict(attention="full", head_offsets="spread"), "model.head_offsets"),
+    "layer_compression_w_lt_s": (dict(layer_compression=["2/4"]), "model.layer_compression"),
+    "layer_compression_garbage": (dict(layer_compression=["8-4"]), "model.layer_compression"),
+    "layer_compression_string": (dict(layer_compression="8/4"), "model.layer_compression"),
+    "layer_compression_all_none": (dict(layer_compression=["none"]), "model.layer_compression"),
+    "layer_compression_full_attention": (dict(attention="full", layer_compression=["8/4"]),
+                                         "model.layer_compression"),
+    "grid_offsets_rule_unknown": (dict(grid_offsets="random"), "model.grid_offsets"),
+    "grid_offsets_per_layer_stride": (dict(layer_compression=["8/8", "4/4"], grid_offsets=[5, 5]),
+                                      "model.grid_offsets"),
+    "boundary_bridge_gt_stride": (dict(boundary_bridge=5), "model.boundary_bridge"),
+    "boundary_bridge_negative": (dict(boundary_bridge=-1), "model.boundary_bridge"),
 }
 
 

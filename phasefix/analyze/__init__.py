@@ -91,7 +91,7 @@ class RunContext:
 
     @property
     def stride(self) -> int:
-        return self.config.stride
+        return self.config.phase_stride
 
     def paddings(self, padding: str) -> list[str]:
         return ["prefix", "in_sequence"] if padding == "both" else [padding]

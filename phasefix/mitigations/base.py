@@ -101,9 +101,10 @@ class Mitigation:
         if cfg.gate == "uniform":
             raise ConfigError(f"mitigation={self.name} is invalid with model.gate='uniform': uniform averaging has "
                               "no gates to act on; use model.gate='scalar' or 'vector'")
-        if cfg.window < 2:
-            raise ConfigError(f"mitigation={self.name} is invalid with model.window={cfg.window}: a one-slot window "
-                              "has nothing to spread")
+        if any(shape[0] < 2 for shape in cfg.layer_shapes() if shape):
+            raise ConfigError(f"mitigation={self.name} is invalid with a one-slot window (model.window="
+                              f"{cfg.window}, model.layer_compression={cfg.layer_compression}): it has nothing to "
+                              "spread")
         if getattr(self, "branch", None) == "value" and cfg.tied_kv:
             raise ConfigError(f"mitigation.{self.name}.branch='value' is invalid with model.tied_kv=true: tied "
                               "K/V has no value gate; use branch='key'")

@@ -60,9 +60,9 @@ class PhaseJitter(Mitigation):
 
 
 class StaggeredOffsets(Mitigation):
-    """Each layer compresses on its own grid: layer l gets offset d_l = floor(l*S/L) (spread over [0, S)), or the
-    given `offsets` (cycled over layers), so a phase that is one layer's boundary is another's interior. Same
-    windows, same stride: the compression ratio is unchanged."""
+    """Each layer compresses on its own grid: layer l gets offset d_l = floor(l*S_l/L) (spread over [0, S_l): the
+    `model.grid_offsets=stagger` rule), or the given `offsets` (cycled over layers), so a phase that is one layer's
+    boundary is another's interior. Same windows, same stride: the compression ratio is unchanged."""
 
     name = "staggered_offsets"
     Options = StaggeredOffsetsOptions
@@ -77,19 +77,20 @@ class StaggeredOffsets(Mitigation):
     def layer_offsets(self, model_cfg: ModelConfig) -> list[int]:
         if self.offsets is not None:
             return [int(o) for o in self.offsets]
-        L, S = model_cfg.num_layers, model_cfg.stride
-        return [(layer * S) // L for layer in range(L)]
+        staggered = dataclasses.replace(model_cfg, grid_offsets="stagger")
+        return [staggered.grid_offset(layer) for layer in range(model_cfg.num_layers)]
 
     def configure_model(self, model_cfg):
         if model_cfg.attention != "compressed":
             raise ConfigError(f"mitigation=staggered_offsets is invalid with model.attention="
                               f"{model_cfg.attention!r}: it shifts the compression grid")
-        if any(model_cfg.grid_offsets):
+        if model_cfg.grid_offsets != "none" and any(model_cfg.grid_offsets):
             raise ConfigError(f"mitigation=staggered_offsets is invalid with model.grid_offsets="
                               f"{model_cfg.grid_offsets}: set the offsets in mitigation.staggered_offsets.offsets")
         offsets = self.layer_offsets(model_cfg)
-        if any(o >= model_cfg.stride for o in offsets):
-            self.fail("offsets", f"must be integers in [0, model.stride={model_cfg.stride})")
+        strides = [shape[1] if shape else None for shape in model_cfg.layer_shapes()]
+        if any(S is not None and offsets[layer % len(offsets)] >= S for layer, S in enumerate(strides)):
+            self.fail("offsets", f"must be integers in [0, S_l) for every layer's stride S_l ({strides})")
         if self.offsets is None and len(set(offsets)) < 2:
             raise ConfigError(f"mitigation=staggered_offsets is invalid with model.num_layers="
                               f"{model_cfg.num_layers}, model.stride={model_cfg.stride}: every layer would get "

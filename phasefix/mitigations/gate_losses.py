@@ -15,7 +15,8 @@ from phasefix.config import (CoordOptions, GateDiversityOptions,  # noqa: F401  
                              SlotCoverageOptions)
 from phasefix.errors import ConfigError
 from phasefix.mitigations.base import BRANCHES, Mitigation, loss_ramp, unwrap
-from phasefix.mitigations.gates import answered_phases, entropy, head_slot_phases, static_gate_distribution
+from phasefix.mitigations.gates import (answered_phases, entropy, head_slot_phases, pooled_slots,
+                                      static_gate_distribution)
 from phasefix.model.config import ModelConfig
 
 HARD_MASK = 1e9  # logit penalty of a slot outside a head's assignment (exp(-1e9) is exactly 0 in float32)
@@ -115,9 +116,10 @@ class GateDiversity(GateMitigation):
                               "head would be assigned every slot (no constraint); use mode='soft'")
         return model_cfg
 
-    def priors(self, config: ModelConfig) -> dict[str, torch.Tensor]:
-        """The fixed slot priors [W, HKV] of each chosen branch (0 on assigned slots, -strength elsewhere)."""
-        mask = slot_assignment(config.window, config.num_kv_heads, self.layout)
+    def priors(self, config: ModelConfig, window: int | None = None) -> dict[str, torch.Tensor]:
+        """The fixed slot priors [W, HKV] of each chosen branch (0 on assigned slots, -strength elsewhere) for a
+        compressor of `window` slots (model.window by default)."""
+        mask = slot_assignment(window or config.window, config.num_kv_heads, self.layout)
         penalty = HARD_MASK if self.strength is None else float(self.strength)
         branches = self.branches(("key",) if config.tied_kv else ("key", "value"))
         out = {}
@@ -130,9 +132,8 @@ class GateDiversity(GateMitigation):
         if self.mode != "hard":
             return
         model = unwrap(model)
-        priors = self.priors(model.config)
         for comp in model.compressors():
-            for b, prior in priors.items():
+            for b, prior in self.priors(model.config, comp.window).items():
                 buf = getattr(comp, f"{b}_slot_prior")
                 buf.copy_(prior.to(buf))
                 bias = getattr(comp, f"{b}_gate_bias", None)
@@ -211,8 +212,13 @@ class LayerCoord(GateMitigation):
         terms = []
         for b in dict.fromkeys(b for _, b, _ in statics):
             layers = [(layer, P) for layer, bb, P in statics if bb == b]
-            q = torch.cat([phase_coverage(config, layer, b, P) for layer, P in layers])  # [L*HKV, S]
-            answerable = torch.stack([answered_phases(config, layer, b).sum((0, 1)) > 0 for layer, _ in layers])
+            # phases mod the model's phase stride (the layers' strides' lcm): phase r of a layer of stride S_l
+            # covers every r' = r mod S_l
+            fold = [torch.arange(config.phase_stride) % pooled_slots(config, layer)[1] for layer, _ in layers]
+            q = torch.cat([phase_coverage(config, layer, b, P)[:, f.to(P.device)]
+                           for (layer, P), f in zip(layers, fold)])  # [L*HKV, phase_stride]
+            answerable = torch.stack([(answered_phases(config, layer, b).sum((0, 1)) > 0)[f]
+                                      for (layer, _), f in zip(layers, fold)])
             uncovered = torch.prod(1.0 - q, dim=0)  # [S]
             terms.append(uncovered[answerable.any(0).to(q.device)].mean())
         return _mean(terms)
@@ -223,7 +229,8 @@ def token_phase_distribution(config: ModelConfig, layer: int, P: torch.Tensor) -
     """The static weight [HKV, S] each head puts on each token phase: q_h(r) = sum of P_h(i) over the slots i whose
     token has phase r on the head's own grid (`head_slot_phases`: spread offsets shift it per head; with W > S
     several slots share a phase). It sums to 1 per head."""
-    phases = torch.nn.functional.one_hot(head_slot_phases(config, layer, P.device), config.stride).to(P.dtype)
+    S = pooled_slots(config, layer)[1]  # the layer's stride (model.layer_compression)
+    phases = torch.nn.functional.one_hot(head_slot_phases(config, layer, P.device), S).to(P.dtype)
     return torch.einsum("hw,hws->hs", P, phases)
 
 

@@ -12,11 +12,21 @@ import torch
 from phasefix.model.config import ModelConfig
 
 
+def pooled_slots(config: ModelConfig, layer: int = 0) -> tuple[int, int]:
+    """(slots a layer's gate spreads over, its stride): (W + b, S), the layer's window and stride
+    (`model.layer_compression`) with the b bridged tokens before the window (`model.boundary_bridge`) as the first
+    slots. (model.window, model.stride) for a layer without a compressor."""
+    W, S = config.layer_shape(layer) or (config.window, config.stride)
+    return W + config.boundary_bridge, S
+
+
 def empty_windows(config: ModelConfig, layer: int = 0) -> int:
     """Leading windows of a layer that have slots before position 0 in some KV head: window j of a head with grid
     offset d starts at (j+1)S-W-d, so the first (W+d-1)//S of them, d the largest of the layer's head offsets
-    (`model.head_offsets` moves them per head; the windows of all heads share the index j)."""
-    return (config.window + max(config.head_grid_offsets(layer)) - 1) // config.stride
+    (`model.head_offsets` moves them per head; the windows of all heads share the index j; W counts the bridged
+    slots, `pooled_slots`)."""
+    W, S = pooled_slots(config, layer)
+    return (W + max(config.head_grid_offsets(layer)) - 1) // S
 
 
 def _detect_empty_windows(a: torch.Tensor) -> int:
@@ -64,7 +74,7 @@ def head_slot_phases(config: ModelConfig, layer: int = 0, device=None) -> torch.
     """The phase of every slot per KV head, [HKV, W] (long): slot i of window j holds token (j+1)S-W-d+i, whose phase
     is (i - W - d) mod S (= i when W = S and d = 0), d the head's grid offset (`config.head_grid_offsets`: the layer's,
     moved per head by `model.head_offsets`)."""
-    W, S = config.window, config.stride
+    W, S = pooled_slots(config, layer)
     d = torch.as_tensor(config.head_grid_offsets(layer), device=device)[:, None]  # [HKV, 1]
     return (torch.arange(W, device=device)[None, :] - W - d) % S
 
@@ -78,7 +88,7 @@ def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", de
     With W = S both dead slots belong to the grid's boundary phase (S-1-d) mod S, which the layer cannot answer;
     with W > S that phase is also an interior slot and stays answerable. The one place the coordination terms read
     phases from; per-head grid offsets change it per head (`head_slot_phases`)."""
-    W, S = config.window, config.stride
+    W, S = pooled_slots(config, layer)
     back = 0 if branch == "key" else 1  # how far before slot i the record's key sits
     read = torch.arange(W, device=device) - back
     alive = (read + 1 < W) & (read >= 0)  # its key and value are both in the window
@@ -86,6 +96,6 @@ def answered_phases(config: ModelConfig, layer: int = 0, branch: str = "key", de
     return torch.nn.functional.one_hot(phase, S).float() * alive[None, :, None]
 
 
-__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "head_slot_phases",
+__all__ = ["answered_phases", "effective_slots", "empty_windows", "entropy", "head_slot_phases", "pooled_slots",
            "static_gate_distribution"]
 

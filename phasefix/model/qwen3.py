@@ -67,19 +67,31 @@ class Compressor(nn.Module):
     Per-KV-head offsets (`head_offsets`, one grid offset per KV head, default all `grid_offset`): each distinct
     offset cuts its own windows, pooled with the columns of the payload and gate maps of the heads that have it.
     Entries are padded with zeros to the most any head has (a head's extra entries are never visible).
+
+    Per-layer shape (`layer_compression`): the compressor has its layer's window and stride (`window`, `stride`).
+
+    Boundary bridge (`boundary_bridge` b > 0): entry j also pools the b tokens before its window, each with the
+    payload and gate maps (and bias) of the slot S-b+k it has in the previous window, so with the same payload and
+    logit: b leading slots tied to slots S-b..S-1. No parameters of its own (arXiv 2606.02680's zero-parameter
+    boundary edges; docs/mitigations.md). Gate distributions then have W + b slots, the bridged ones first.
     """
 
     float32_under_autocast = True  # the rule of `forward` (benchmarks patch it off to time the former bf16 one)
 
-    def __init__(self, cfg: ModelConfig, grid_offset: int = 0, head_offsets: list[int] | None = None):
+    def __init__(self, cfg: ModelConfig, grid_offset: int = 0, head_offsets: list[int] | None = None,
+                 window: int | None = None, stride: int | None = None):
         super().__init__()
         self.cfg, self.grid_offset = cfg, grid_offset
+        self.window, self.stride = window or cfg.window, stride or cfg.stride  # the layer's (layer_compression)
         self.head_offsets = list(head_offsets) if head_offsets is not None else [grid_offset] * cfg.num_kv_heads
-        W, C, HKV, D = cfg.window, cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
+        W, C, HKV, D = self.window, cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
+        # the parameter slot of every pooled slot: the bridged tokens' (slots S-b..S-1), then the window's
+        bridge = cfg.boundary_bridge
+        self.slot_maps = list(range(self.stride - bridge, self.stride)) + list(range(W)) if bridge else None
         gate_width = HKV if cfg.gate == "scalar" else HKV * D
         branches = ("key",) if cfg.tied_kv else ("key", "value")
         for b in branches:
-            draws = 1 if cfg.shared_payload_init else W
+            draws = 1 if cfg.shared_payload_init(W) else W
             payload = (torch.randn(draws, C, HKV * D) * cfg.init_std).expand(W, C, HKV * D).clone()
             self.register_parameter(f"{b}_payload", nn.Parameter(payload))
             if cfg.gate != "uniform":
@@ -108,7 +120,8 @@ class Compressor(nn.Module):
         """x: [B, T, C] -> the tokens of every window [B, N, W, C] and the mask of filled slots [N, W], on the grid
         of `grid_offset` (the layer's by default)."""
         d = self.grid_offset if grid_offset is None else grid_offset
-        pos = compression.window_positions(x.shape[1], self.cfg.window, self.cfg.stride, d, x.device)
+        pos = compression.window_positions(x.shape[1], self.window + self.cfg.boundary_bridge, self.stride, d,
+                                           x.device)  # the bridged tokens are the first slots of a longer window
         filled = pos >= 0
         xw = x[:, pos.clamp(min=0)] * filled[None, :, :, None].to(x.dtype)  # [B, N, W, C]
         return xw, filled
@@ -121,7 +134,8 @@ class Compressor(nn.Module):
         D = cfg.head_dim
         HKV = cfg.num_kv_heads if heads is None else len(heads)
 
-        def cols(p):  # [W, ..., HKV_all * width] -> the columns of `heads`
+        def cols(p):  # [W, ..., HKV_all * width] -> the columns of `heads`, one row per pooled slot
+            p = p if self.slot_maps is None else p[self.slot_maps]
             return p if heads is None else p.unflatten(-1, (cfg.num_kv_heads, -1))[..., heads, :].flatten(-2)
 
         xs = xw.permute(2, 0, 1, 3).reshape(W, B * N, C)  # [W, B*N, C] slot-major for per-slot maps
@@ -133,8 +147,10 @@ class Compressor(nn.Module):
             logits = torch.bmm(xs, cols(getattr(self, f"{b}_gate")))  # [W, B*N, HKV or HKV*D]
             if cfg.gate_bias:
                 logits = logits + cols(getattr(self, f"{b}_gate_bias"))[:, None, :]
-            logits = logits.view(W, B, N, HKV, -1).permute(1, 2, 0, 3, 4)  # [B, N, W, HKV, 1|D]
+            logits = logits.view(W, B, N, HKV, logits.shape[-1] // HKV)  # (not -1: N may be 0)
+            logits = logits.permute(1, 2, 0, 3, 4)  # [B, N, W, HKV, 1|D]
         prior = getattr(self, f"{b}_slot_prior")  # [W, HKV_all]
+        prior = prior if self.slot_maps is None else prior[self.slot_maps]
         logits = logits + (prior if heads is None else prior[:, heads])[None, None, :, :, None]
         logits = logits.masked_fill(~filled[None, :, :, None, None], float("-inf"))
         return payload, logits
@@ -153,7 +169,7 @@ class Compressor(nn.Module):
                 return self.forward(x.to(torch.promote_types(x.dtype, torch.float32)), k_norm, pool)
         x = self.shift(x)  # [B, T, C]
         groups = compression.offset_groups(self.head_offsets)  # [(d, KV heads)]
-        N = compression.num_entries(x.shape[1], self.cfg.stride, max(self.head_offsets))
+        N = compression.num_entries(x.shape[1], self.stride, max(self.head_offsets))
         out, gates = {b: [] for b in self.branches}, {b: [] for b in self.branches}
         for d, heads in groups:
             xw, filled = self.windows(x, d)
@@ -189,8 +205,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rope = RotaryEmbedding(D, cfg.rope_width, cfg.rope_theta)
-        self.compressor = Compressor(cfg, cfg.grid_offset(layer), cfg.head_grid_offsets(layer)) \
-            if cfg.compressed else None
+        shape = cfg.layer_shape(layer)  # (W, S), None: no compressor (full attention, or the local window only)
+        self.compressor = Compressor(cfg, cfg.grid_offset(layer), cfg.head_grid_offsets(layer), *shape) \
+            if shape else None
         self.sink = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None
         self.last_gates: dict | None = None  # filled when the model runs with collect_gates=True
 
@@ -204,19 +221,26 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, pos), self.rope(k, pos)
-        if self.compressor is None:
+        if not cfg.compressed:
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=True).transpose(1, 2)
+        elif self.compressor is None:  # a layer_compression 'none' layer: the local window alone (no entries)
+            ops = kernels.ops(cfg.attn_impl, x.device.type)
+            none = k.new_zeros(B, 0, cfg.num_kv_heads, cfg.head_dim)
+            self.last_gates = None
+            y = ops.compressed_attention(q, k, v, none, none, stride=cfg.stride, local_window=cfg.local_window,
+                                         local_memory="window", sink=self.sink, query_block=cfg.query_block)
         else:
             ops = kernels.ops(cfg.attn_impl, x.device.type)  # auto: triton on CUDA, blocked elsewhere
             k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
+            S = self.compressor.stride
             offs = self.compressor.head_offsets  # one grid offset per KV head
             off = offs[0] if len(set(offs)) == 1 else offs
-            k_cmp = self.rope(k_cmp, compression.entry_positions(k_cmp.shape[1], cfg.stride, off, x.device))
+            k_cmp = self.rope(k_cmp, compression.entry_positions(k_cmp.shape[1], S, off, x.device))
             v_cmp = k_cmp if cfg.tied_kv else v_cmp
             self.last_gates = gates if collect_gates else None
             y = compression.by_grid_offset(ops.compressed_attention, q, k, v, k_cmp, v_cmp, grid_offset=off,
-                                           stride=cfg.stride, local_window=cfg.local_window,
+                                           stride=S, local_window=cfg.local_window,
                                            local_memory=cfg.local_memory, sink=self.sink,
                                            query_block=cfg.query_block)
         return self.o_proj(y.reshape(B, T, -1))
