@@ -93,6 +93,34 @@ def test_zero_cost_is_issue_54s_grid():
     assert {c.seed for c in first if c.regime == "w4s4_inseqfirst"} == {3}
 
 
+def test_dsv4_shape_cells_all_compose_at_the_documented_costs():
+    """Every cell of comparisons/dsv4_shape.yaml composes and passes fit's checks (model, mitigations, evaluation
+    period) before anything trains; the free arms keep the unmitigated model's entries, bytes and multiply-adds;
+    each arm changes the model in its own way (no two arms of a regime train the same model)."""
+    from phasefix.fit import compose, plan
+
+    comp = load_comparison(PROJECT_ROOT / "comparisons/dsv4_shape.yaml")
+    assert [r.name for r in comp.regimes] == ["w4s4_1kv", "dsv4_csa", "dsv4_hybrid"]
+    models, trains = {}, {}
+    for c in cells(comp):
+        cfg = compose([*comp.base, *c.overrides()])
+        m = plan(cfg)["model"]
+        assert m.num_kv_heads == 1, c
+        models[c.regime, c.arm] = m
+        trains[c.regime, c.arm] = (m, C.to_container(cfg).get("mitigation"))
+    for (regime, arm), m in models.items():
+        base = models[regime, "baseline"]
+        cost = (m.cache_entries_per_token(), m.head_dim, m.tied_kv)
+        assert cost == (base.cache_entries_per_token(), base.head_dim, base.tied_kv), (regime, arm)
+        if arm in ("stagger", "coprime_stagger", "s2_shift", "boundary_bridge"):
+            assert m.compressor_flops_per_token() == base.compressor_flops_per_token(), (regime, arm)
+        same = [a for (r, a), o in trains.items() if r == regime and a != arm and o == trains[regime, arm]]
+        assert not same, (regime, arm, same)
+    assert models["dsv4_hybrid", "baseline"].layer_shapes() == [None, (8, 4), (16, 16)]
+    assert models["dsv4_csa", "baseline"].window == 8
+    assert models["w4s4_1kv", "overlap"].window == 8 and models["w4s4_1kv", "baseline"].window == 4
+
+
 def test_zero_cost_long_cells_equal_a_3000_step_run_forked_to_4500():
     """zero_cost_long's shift_spread cells were forked from zero_cost's step-3,000 checkpoints: that is its cells'
     training only if the learning rate of a 4,500-step run is the 3,000-step run's up to step 3,000 (the schedule
