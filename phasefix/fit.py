@@ -390,7 +390,9 @@ def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, ste
 def print_summary(summary: dict) -> None:
     from phasefix import tracking
 
+    per_layer = "/" in str(summary["window"])  # model.layer_compression: the pattern and the phase stride
     shape = ("full" if summary["attention"] == "full"
+             else f"{summary['attention']}, layers {summary['window']}, phase mod {summary['stride']}" if per_layer
              else f"{summary['attention']}, W{summary['window']}/S{summary['stride']}")
     print(f"\nphasefix fit: {summary['model']} ({shape}), "
           f"trained in {summary['train_seconds']:.0f}s, MLflow run {summary['mlflow_run_id']}")
