@@ -181,7 +181,7 @@ def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str)
     data_cfg = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     m = hp["model"]
     mitigations = ",".join(hp["mitigation"].keys()) if hp.get("mitigation") else "none"
-    tags = {"model": str(m.get("name")), "attention": str(m.get("attention")), **module.model_config.shape_tags(),
+    tags = {"model": str(m.get("name")), "attention": str(m.get("attention")), **{k: str(v) for k, v in module.model_config.shape_tags().items()},
             "mitigations": mitigations, "seed": str(hp.get("seed"))}
     if run.run_id:
         tags["phasefix.source_run"] = run.run_id

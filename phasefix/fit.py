@@ -208,7 +208,8 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     if run is None:
         mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
         run_id = tracking.create_run(c, cfg.logger.experiment_name, run_name(cfg), tags={
-            "model": cfg.model.name, "attention": cfg.model.attention, **model_cfg.shape_tags(),
+            "model": cfg.model.name, "attention": cfg.model.attention,
+            **{k: str(v) for k, v in model_cfg.shape_tags().items()},
             "mitigations": mitigation_names, "seed": str(cfg.seed),
             "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
             **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),

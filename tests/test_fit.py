@@ -15,6 +15,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from phasefix import config as C
 from phasefix.errors import ConfigError
 from phasefix.fit import compose, fit, main, print_summary
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
@@ -59,9 +60,11 @@ def test_seconds_long_version_of_each_regime_runs(tmp_path, regime):
     summary = fit(compose([f"regime={regime}", *FAST, "trainer.max_steps=4", "eval.n_boot=10",
                            *run_overrides(tmp_path)]))
     cfg = compose([f"regime={regime}"])
-    assert summary["stride"] == cfg.model.stride and summary["window"] == cfg.model.window
+    m = C.model_config(cfg)
+    pattern = ",".join(m.layer_compression)  # a per-layer pattern: the run's window is it, its stride the lcm
+    assert (summary["window"], summary["stride"]) == ((pattern, m.phase_stride) if pattern else (m.window, m.stride))
     for pad in cfg.eval.paddings:
-        assert len(summary[pad]["per_residue"]) == 24
+        assert len(summary[pad]["per_residue"]) == cfg.eval.period
     if cfg.data.kind == "lm_mix":  # held-out text loss, near log(vocab) for an untrained model
         assert 0 < summary["lm_loss"] < 2 * math.log(cfg.model.vocab_size)
         run = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(summary["mlflow_run_id"])

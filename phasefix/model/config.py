@@ -203,12 +203,12 @@ class ModelConfig:
         without a per-layer pattern); the evaluation folds residues onto phases mod this."""
         return math.lcm(*self.layer_strides()) if self.compressed and self.layer_strides() else self.stride
 
-    def shape_tags(self) -> dict[str, str]:
-        """The run's window and stride as tags and summary fields: the per-layer pattern joined ('8/4,16/16,none')
-        and the phase stride when there is one, else model.window and model.stride."""
+    def shape_tags(self) -> dict:
+        """The run's window and stride as its tags and summary fields: the per-layer pattern joined
+        ('8/4,16/16,none') and the phase stride when there is one, else model.window and model.stride."""
         if self.compressed and self.layer_compression:
-            return {"window": ",".join(self.layer_compression), "stride": str(self.phase_stride)}
-        return {"window": str(self.window), "stride": str(self.stride)}
+            return {"window": ",".join(self.layer_compression), "stride": self.phase_stride}
+        return {"window": self.window, "stride": self.stride}
 
     def grid_offset(self, layer: int) -> int:
         shape = self.layer_shape(layer)
