@@ -97,12 +97,13 @@ def phasefix_gate_biases(model, reading: str = "answer") -> list[GateBias]:
 
     check_choice("reading", reading, READINGS)
     cfg = model.config
-    W, S, HKV = cfg.window, cfg.stride, cfg.num_kv_heads
+    HKV = cfg.num_kv_heads
     out = []
     for layer, block in enumerate(model.layers):
         comp = block.attn.compressor
         if comp is None or cfg.gate == "uniform":
             continue
+        W, S = comp.window, comp.stride  # the layer's own (model.layer_compression)
         offsets = list(getattr(comp, "head_offsets", None) or [comp.grid_offset] * HKV)
         g = block.input_norm.weight.detach()
         for b in comp.branches:
@@ -112,7 +113,8 @@ def phasefix_gate_biases(model, reading: str = "answer") -> list[GateBias]:
             bias = torch.zeros(W, HKV * width) if bias is None else bias.detach().float()  # [W, HKV * width]
             prior = getattr(comp, f"{b}_slot_prior").detach().float()  # [W, HKV]
             sigma = (gate * g.float()[None, :, None]).norm(dim=1)  # [W, HKV * width]
-            answers = answered_phases(cfg, layer, b)  # [HKV, W, S] one-hot, zero rows for dead slots
+            # [HKV, W, S] one-hot, zero rows for dead slots (the window's own slots: bridged ones are tied to them)
+            answers = answered_phases(cfg, layer, b)[:, cfg.boundary_bridge:]
             for h in range(HKV):
                 cols = slice(h * width, (h + 1) * width)
                 if reading == "slot":

@@ -27,6 +27,10 @@ GATE_PARAMS = ("gate", "gate_bias", "slot_prior")  # per branch: {branch}_{name}
 
 def check_cyclable(config) -> None:
     check_gated(config)
+    if config.layer_compression or config.boundary_bridge:
+        raise ConfigError(f"analyze cycle needs one W = S grid in every layer (got model.layer_compression="
+                          f"{config.layer_compression}, model.boundary_bridge={config.boundary_bridge}): a cycle "
+                          "shifts every layer's gates by the same phases")
     if config.window != config.stride:
         raise ConfigError(f"analyze cycle needs model.window == model.stride (got window={config.window}, "
                           f"stride={config.stride}): with overlapping windows a slot is not a phase, so shifting "
