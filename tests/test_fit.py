@@ -36,12 +36,17 @@ def group_options():
             yield group.name, option.stem
 
 
+# what an option needs beside it: DeepSeek-V4's layer schedule measures the phase mod 128 (HCA's stride)
+NEEDS = {("model", "deepseek_v4_layers"): ["eval.period=128", "data.max_prefix_pad=481"]}
+
+
 @pytest.mark.parametrize("group,option", list(group_options()), ids=lambda x: str(x))
 def test_every_config_group_composes(group, option):
     from phasefix.fit import plan
 
     prefix = "+" if group == "mitigation" else ""
-    cfg = compose([f"{prefix}{group}={option}"])  # every option works alone (data=lm_mix brings its vocabulary)
+    # every option works alone (data=lm_mix brings its vocabulary), or with what NEEDS names
+    cfg = compose([f"{prefix}{group}={option}", *NEEDS.get((group, option), [])])
     if group in ("regime", "recipe", "arm"):  # global packages: they set keys of other groups; the choice is recorded
         assert cfg[group] == option
         assert (cfg != compose([])) == (option not in ("default", "none", "baseline"))
