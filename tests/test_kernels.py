@@ -118,6 +118,9 @@ ATTN_CASES = {
                                     dtype=torch.float32),
     "tail-T50-S4-G1-f64-bn32": dict(T=50, H=2, HKV=2, S=4, L=16, mode="tail", goff=0, sink=False,
                                     dtype=torch.float64, block_n=32),
+    # no entries at all (a layer_compression 'none' layer, or a stride longer than the sequence): the local window
+    "window-T30-no-entries-G4-sink-f32": dict(T=30, H=4, HKV=1, S=64, L=8, mode="window", goff=0, sink=True,
+                                              dtype=torch.float32),
 }
 
 
