@@ -61,9 +61,15 @@ def resolve_compile(compile: bool | str, accelerator: str, steps: int) -> tuple[
 
 def use_compile_cache() -> str:
     """Point inductor's on-disk caches (the FX graph and AOTAutograd caches, on by default in torch) at
-    <phasefix cache>/inductor, unless TORCHINDUCTOR_CACHE_DIR is set: a second run of a config, or a study's other
-    workers, load its compiled graphs in seconds instead of compiling them again (torch's default is a /tmp
-    directory a reboot empties). Called before anything compiles; returns the directory."""
+    <phasefix cache>/inductor, unless TORCHINDUCTOR_CACHE_DIR names another directory: a second run of a config, or
+    a study's other workers, load its compiled graphs instead of compiling them again (torch's default is a /tmp
+    directory a reboot empties). Importing Lightning already writes torch's default into TORCHINDUCTOR_CACHE_DIR,
+    so that value counts as unset. Called before anything compiles; returns the directory."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # no torch import: a plain module
+
     from phasefix.paths import cache_dir
 
-    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]

@@ -69,14 +69,23 @@ def test_compile_auto_compiles_a_cpu_run_only_when_it_is_long_enough():
 
 
 def test_the_compile_cache_lives_under_the_project_cache_unless_torch_is_told_otherwise(tmp_path, monkeypatch):
+    """Unset, or torch's default (importing Lightning writes it into the environment): <PHASEFIX_CACHE>/inductor, where
+    inductor then writes a compiled graph; a directory the user names: that one."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
     from phasefix.precision import use_compile_cache
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("PHASEFIX_CACHE", str(tmp_path / "cache"))
-    assert use_compile_cache() == str(tmp_path / "cache" / "inductor")
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    assert cache_dir() == str(tmp_path / "cache" / "inductor")  # where inductor's FX graph cache now writes
+    for torch_default in (None, default_cache_dir()):
+        if torch_default is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", torch_default)
+        assert use_compile_cache() == str(tmp_path / "cache" / "inductor")
+        assert cache_dir() == str(tmp_path / "cache" / "inductor")
+    torch._dynamo.reset()
+    torch.compile(lambda x: (x * 2).sin(), dynamic=False)(torch.ones(3))
+    assert list((tmp_path / "cache" / "inductor").rglob("*.py"))  # the graph's code landed in the project's cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_compile_cache() == str(tmp_path / "mine")
 
