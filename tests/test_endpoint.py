@@ -119,6 +119,19 @@ def test_a_local_model_scored_exact_equals_the_endpoint(server, model_dir, tmp_p
     assert local["prefix_end"]["per_residue"] == served["prefix_end"]["per_residue"]
 
 
+@pytest.mark.slow  # a second server (its start: a minute or more here)
+def test_continuous_batching_gives_the_same_answers(model_dir, reference, tmp_path):
+    """`transformers serve --continuous-batching` (docs/evaluate.md recommends it for audits): the same greedy
+    answers as generate in process, prompt by prompt, at concurrency 8."""
+    model, tok = reference
+    with transformers_serve(model_dir, "--continuous-batching", startup_s=900) as served:
+        evaluate(args(tmp_path, "ep", served, model_dir, "task=kv_lookup", "phase_of=both", "per_residue=2",
+                      "concurrency=8", "max_pad=40"))
+    prompts = TextPhaseSet(tok, "kv_lookup", "prefix", period=PERIOD, per_residue=2, phase_of="both", max_pad=40)
+    texts, _ = greedy_answers(model, tok, prompts)
+    assert [r["text"] for r in rows_of(tmp_path / "ep")] == texts
+
+
 def test_resume_requests_only_what_is_missing(server, model_dir, tmp_path):
     run = args(tmp_path, "ep", server, model_dir, "task=kv_lookup", "per_residue=2", "max_pad=40")
     first = evaluate(run)
