@@ -279,7 +279,7 @@ def test_bad_compile_is_a_config_error():
     from phasefix.config import TrainerConfig, validate_trainer
     from phasefix.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"trainer\.compile='yes please' is invalid: must be true or false"):
+    with pytest.raises(ConfigError, match=r"trainer\.compile='yes please' is invalid: must be true, false or auto"):
         validate_trainer(TrainerConfig(compile="yes please"))
     with pytest.raises(ConfigError, match=r"trainer\.compile"):  # from the command line: refused while composing
         compose(["trainer.compile=maybe"], "fit")
