@@ -243,16 +243,14 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
             _log_flip(c, run_id, out, summary["flip"], name)
         else:
             from phasefix import plots
-            from phasefix.metrics import phase_axes
 
             results, grids, answers = {}, {}, []
             summary["phase_of"], summary["score"] = opts["phase_of"], score
             for pad, prompts in plan["sets"].items():
-                scores = scored.get(pad) or _score(target, prompts, score, batch_size, opts["progress"],
-                                                   f"{opts['task']}/{pad}")
-                axes = phase_axes(scores["correct"], scores["residue"], scores["end_residue"], scores["cluster"],
-                                  phase_of=opts["phase_of"], period=period, fold_stride=stride, n_boot=opts["n_boot"],
-                                  seed=opts["seed"])
+                scores, axes = score_by_phase(target, prompts, score=score, phase_of=opts["phase_of"], period=period,
+                                              stride=stride, n_boot=opts["n_boot"], batch_size=batch_size,
+                                              seed=opts["seed"], progress=opts["progress"],
+                                              desc=f"{opts['task']}/{pad}", scores=scored.get(pad))
                 if target.kind != "phasefix":
                     summary.setdefault("prompts", {})[pad] = prompts.describe()
                 else:
@@ -266,7 +264,7 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
                         continue
                     label = pad if axis == "fact" else f"{pad}_end"
                     results[label] = res
-                    summary[label] = {k: _plain(res[k]) for k in SUMMARY_KEYS if k in res}
+                    summary[label] = phase_summary(res)
                     tracking.log_phase_result(c, run_id, label, res)
                 answers += [[pad, i, r, e, k, int(ok), t] for i, (r, e, k, ok, t) in enumerate(
                     zip(scores["residue"], scores["end_residue"], scores["cluster"], scores["correct"],
@@ -302,6 +300,24 @@ def load_endpoint(opts: dict) -> Target:
     target.endpoint = Endpoint(opts["endpoint"], opts["model"], timeout=opts["timeout"], retries=opts["retries"],
                                concurrency=opts["concurrency"])
     return target
+
+
+def score_by_phase(target: Target, prompts, *, period: int, stride: int | None, n_boot: int, batch_size: int,
+                   score: str = "top1", phase_of: str = "fact", seed: int = 0, progress: bool = False,
+                   desc: str = "evaluate", scores: dict | None = None) -> tuple[dict, dict]:
+    """One prompt set scored and grouped by phase: (per-prompt scores, `metrics.phase_axes` of them). The one scoring
+    of `phasefix.evaluate` (every padding, every kind of model) and of `phasefix.fit`'s final evaluation (its model,
+    top-1, by the fact's phase). `scores`: the set's scores when they were taken already (an endpoint's answers)."""
+    from phasefix.metrics import phase_axes
+
+    scores = scores or _score(target, prompts, score, batch_size, progress, desc)
+    return scores, phase_axes(scores["correct"], scores["residue"], scores["end_residue"], scores["cluster"],
+                              phase_of=phase_of, period=period, fold_stride=stride, n_boot=n_boot, seed=seed)
+
+
+def phase_summary(res: Mapping, keys: Sequence[str] = SUMMARY_KEYS) -> dict:
+    """A phase result's `keys` as plain JSON values (summary.json)."""
+    return {k: _plain(res[k]) for k in keys if k in res}
 
 
 def _score(target: Target, prompts, score: str, batch_size: int, progress: bool, desc: str) -> dict:

@@ -5,6 +5,7 @@ and datasets are imported inside the functions that use them: the command line c
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -29,8 +30,10 @@ def plan_model(cfg: DictConfig):
                             OmegaConf.to_container(mitigation, resolve=True) if mitigation else None)
 
 
-def plan(cfg: DictConfig) -> dict:
-    """Validate everything and build the objects of a run, before any training or MLflow run starts."""
+def plan(cfg: DictConfig, start_step: int = 0) -> dict:
+    """Validate everything and build the objects of a run, before any training or MLflow run starts: the model
+    config, mitigations, data config and `how` the step trains (precision and compile, resolved from `auto` for this
+    CPU and the steps from `start_step` on, with the reasons: the run's tags)."""
     from phasefix.data.select import data_config, eval_task_kwargs
 
     model_cfg, mitigations = plan_model(cfg)
@@ -50,7 +53,14 @@ def plan(cfg: DictConfig) -> dict:
     except ConfigError as e:
         raise ConfigError(str(e).replace("max_pad=", "data.max_prefix_pad=").replace("period=", "eval.period=")
                           .replace("num_", "data.num_")) from None
-    return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations}
+    precision, precision_why = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: by the CPU
+    compiled, compile_why = resolve_compile(cfg.trainer.compile, cfg.trainer.accelerator,  # auto: by the run's length
+                                            cfg.trainer.max_steps - start_step)
+    if compiled:
+        use_compile_cache()
+    how = {"precision": precision, "precision_reason": precision_why, "compile": str(compiled).lower(),
+           "compile_reason": compile_why}
+    return {"model": model_cfg, "data": data_cfg, "mitigations": mitigations, "how": how}
 
 
 def lm_loss(model, dataset, first_text_token: int, batch_size: int = 64) -> float:
@@ -150,193 +160,231 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     that run's checkpoint as a new run (new output directory and MLflow run, tagged forked_from, the metric points
     before the checkpoint's step copied, train time counted from the checkpoint's), writing nothing to the named
     run. Ctrl-C saves `last.ckpt` at the interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
+    from phasefix import console, tracking
+    from phasefix.run import open_fit_run
+
+    console.quiet(bool(cfg.get("verbose")))
+    piece = Piece.of(cfg)  # a new run, or the piece of a resumed or forked one
+    if piece.done:
+        print(f"phasefix fit: {piece.run.dir} is trained to step {piece.step} = trainer.max_steps and evaluated; "
+              "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
+        return piece.previous
+    cfg = piece.cfg
+    p = plan(cfg, piece.step)  # raises ConfigError before anything is written
+    t_start = time.time()
+    data = training_data(cfg, p)  # data first: a broken data config must not leave a half-written run behind
+    run, c = open_fit_run(cfg, piece, run_name(cfg), p["model"], tags=p["how"])
+    trainer = None
+    with tracking.running(c, run.run_id, resumed=piece.run is not None):  # ends FINISHED, KILLED or FAILED
+        try:
+            module, trainer = build_trainer(cfg, p, data, run, piece.before_seconds, callbacks)
+            t_fit = time.time()
+            trainer.fit(module, datamodule=data, ckpt_path=piece.checkpoint)
+            if trainer.interrupted:
+                raise KeyboardInterrupt
+            train_seconds = piece.before_seconds + (time.time() - t_fit)
+            results = final_scores(module.model.eval(), cfg, p)
+            summary = summarize(cfg, p, run, c, module.model, results, train_seconds,
+                                piece.before_total + time.time() - t_start)
+            close_run(c, run, cfg, p, module, results, summary, data.val_sets)
+            return summary
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
+            raise_stopped(e, trainer, run.dir)
+
+
+@dataclasses.dataclass
+class Piece:
+    """What one call of `fit` trains: `cfg` (for a resume the stored config with the changes allowed), `run` (the
+    run it continues; None: a new one), `source` (the run a fork trains on from), `step` (where training starts),
+    `before_seconds` (the train time up to it), `before_total` (the wall time of the pieces before it) and `previous`
+    (the continued run's summary)."""
+
+    cfg: DictConfig
+    run: object = None
+    source: object = None
+    step: int = 0
+    before_seconds: float = 0.0
+    before_total: float = 0.0
+    previous: dict | None = None
+    out_dir: Path | None = None  # where the run lives (a new run's: checked, not created yet)
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> "Piece":
+        from phasefix.run import Run
+
+        resuming, forking = bool(cfg.get("resume")), bool(cfg.get("fork"))
+        check(resuming or not forking, "fork", "true", "needs resume=<the run to fork from>")
+        if not resuming:
+            return cls(cfg, out_dir=Run.new_dir(cfg.output_dir, run_name(cfg)))
+        run, cfg, step, seconds = resume_config(cfg)
+        previous = None if forking else run.summary
+        if seconds is None:  # a checkpoint written before train time was recorded in checkpoints
+            seconds = (run.summary or {}).get("train_seconds", 0.0)
+        # the wall time of the pieces before this one: a finished piece's total, else the train time its checkpoint holds
+        total = previous.get("total_seconds", seconds) if previous and previous.get("steps") == step else seconds
+        if forking:  # a new run: its own directory (output_dir or the default), never the named run's
+            piece = cls(cfg, None, run, step, seconds, total, None, Run.new_dir(cfg.output_dir, run_name(cfg)))
+        else:
+            piece = cls(cfg, run, None, step, seconds, total, previous, run.dir)
+        if not piece.done:
+            print(f"phasefix fit: {'forking' if forking else 'resuming'} {run.dir.name} (MLflow run {run.run_id}) "
+                  f"from step {step}{' as a new run' if forking else ''} to step {cfg.trainer.max_steps}", flush=True)
+        return piece
+
+    @property
+    def done(self) -> bool:
+        """A continued run already trained to trainer.max_steps and evaluated."""
+        p = self.previous
+        return p is not None and p.get("steps", self.step) == self.step >= self.cfg.trainer.max_steps
+
+    @property
+    def checkpoint(self) -> str | None:
+        """The checkpoint training resumes from (None: a new run)."""
+        home = self.source or self.run
+        return str(home.checkpoint()) if home is not None else None
+
+
+def training_data(cfg: DictConfig, p: dict):
+    """The data module: the training stages and the validation prompts of both paddings."""
+    from phasefix.data.select import eval_set, train_stages
+    from phasefix.module import RetrievalDataModule
+
+    data_cfg = p["data"]
+    train = [(from_step, ds.with_format("torch")) for from_step, ds in train_stages(data_cfg, cfg.seed)]
+    val_sets = {pad: eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.val_per_residue, cfg.eval.seed + 1)
+                for pad in cfg.eval.paddings}
+    return RetrievalDataModule(train, val_sets, batch_size=cfg.trainer.batch_size, eval_batch_size=cfg.eval.batch_size,
+                               seed=cfg.seed, max_steps=cfg.trainer.max_steps)
+
+
+def build_trainer(cfg: DictConfig, p: dict, data, run, before_seconds: float, callbacks: Sequence = ()):
+    """(the module, the Lightning Trainer) of a run: threads, seed, precision and compile as planned, checkpoints
+    under the run's directory, metrics to its MLflow run."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from phasefix import console, tracking
     from phasefix.data.lm_mix import LMMixConfig
-    from phasefix.data.select import eval_set, train_set, train_stages
-    from phasefix.module import (LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RetrievalDataModule, RunLogger,
-                                  TrainClock)
-    from phasefix.run import Run, checkpoint_path
+    from phasefix.module import LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RunLogger, TrainClock
+    from phasefix.run import checkpoint_path
 
-    console.quiet(bool(cfg.get("verbose")))
-    run, source, start_step, before_seconds, previous = None, None, 0, 0.0, None
-    resuming, forking = bool(cfg.get("resume")), bool(cfg.get("fork"))
-    check(resuming or not forking, "fork", "true", "needs resume=<the run to fork from>")
-    if resuming:
-        run, cfg, start_step, before_seconds = resume_config(cfg)
-        previous = run.summary
-        if before_seconds is None:  # a checkpoint written before train time was recorded in checkpoints
-            before_seconds = (previous or {}).get("train_seconds", 0.0)
-        what = f"{run.dir.name} (MLflow run {run.run_id}) from step {start_step}"
-        if forking:  # from here on the new run is `run`; the named one is only read
-            source, run, previous = run, None, None
-        if previous is not None and previous.get("steps", start_step) == start_step >= cfg.trainer.max_steps:
-            print(f"phasefix fit: {run.dir} is trained to step {start_step} = trainer.max_steps and evaluated; "
-                  "nothing to do (raise trainer.max_steps to train further)", file=sys.stderr)
-            return previous
-        print(f"phasefix fit: {'forking' if forking else 'resuming'} {what}"
-              f"{' as a new run' if forking else ''} to step {cfg.trainer.max_steps}", flush=True)
-    # the wall time of the pieces before this one: a finished piece's total, else the train time its checkpoint holds
-    before_total = before_seconds
-    if previous is not None and previous.get("steps") == start_step:
-        before_total = previous.get("total_seconds", before_seconds)
-    p = plan(cfg)  # raises ConfigError before anything is written
-    out_dir = Run.new_dir(cfg.output_dir, run_name(cfg)) if run is None else run.dir  # checked, not created yet
-    model_cfg, data_cfg = p["model"], p["data"]
-    is_lm_mix = isinstance(data_cfg, LMMixConfig)
-    resolved = C.to_container(cfg)
-
-    torch.set_num_threads(cfg.trainer.num_threads)
-    precision, precision_why = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)  # auto: by the CPU
-    compiled, compile_why = resolve_compile(cfg.trainer.compile, cfg.trainer.accelerator,  # auto: by the run's length
-                                            cfg.trainer.max_steps - start_step)
-    if compiled:
-        use_compile_cache()
+    t, how = cfg.trainer, p["how"]
+    torch.set_num_threads(t.num_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    t_start = time.time()
+    module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
+                            optim=OmegaConf.to_container(cfg.optim, resolve=True), max_steps=t.max_steps,
+                            mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
+                            if cfg.get("mitigation") else None,
+                            paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
+                            built=(p["model"], p["mitigations"]),  # what plan built: not built again
+                            **(p["data"].text_loss if isinstance(p["data"], LMMixConfig) else {}))
+    module.compile_training = how["compile"] == "true"
+    last_ckpt = checkpoint_path(run.dir)  # the layout Run.checkpoint reads; "last" is also what save_last writes
+    verbose = bool(cfg.get("verbose"))
+    callbacks = [
+        PeriodicCheckpoint(dirpath=last_ckpt.parent, filename="step{step:06d}", auto_insert_metric_name=False,
+                           every_n_train_steps=t.checkpoint_every_n_steps, save_last=True, save_top_k=0),
+        ModelCheckpoint(dirpath=last_ckpt.parent, filename="best", mode="max", save_top_k=1,
+                        auto_insert_metric_name=False,
+                        monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean")),
+        LastCheckpoint(dirpath=last_ckpt.parent, filename=last_ckpt.stem),
+        TrainClock(before_seconds),
+        *([console.TrainProgress(cfg.eval.paddings[0])] if t.progress_bar and not verbose else []),
+        *callbacks,
+    ]
+    logger = RunLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=run.tracking_uri, run_id=run.run_id)
+    trainer = L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=how["precision"],
+        max_steps=t.max_steps, max_epochs=-1, gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None, log_every_n_steps=t.log_every_n_steps,
+        deterministic=t.deterministic, enable_progress_bar=bool(t.progress_bar and verbose),
+        enable_model_summary=False, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
+        use_distributed_sampler=False, default_root_dir=str(run.dir))
+    return module, trainer
 
-    # data first: a broken data config must not leave a half-written run behind
-    train_data = [(from_step, ds.with_format("torch")) for from_step, ds in train_stages(data_cfg, cfg.seed)]
-    val_sets = {pad: eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.val_per_residue, cfg.eval.seed + 1)
-                for pad in cfg.eval.paddings}
 
-    c = tracking.client(run.tracking_uri if run is not None else cfg.logger.tracking_uri)  # a resumed run: its store
-    if run is None:
-        mitigation_names = ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none"
-        run_id = tracking.create_run(c, cfg.logger.experiment_name, run_name(cfg), tags={
-            "model": cfg.model.name, "attention": cfg.model.attention,
-            **{k: str(v) for k, v in model_cfg.shape_tags().items()},
-            "mitigations": mitigation_names, "seed": str(cfg.seed),
-            "phasefix.kind": "fit", "output_dir": str(out_dir), **tracking.provenance(),
-            **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
-            **({"forked_from": f"{source.run_id} at step {start_step} ({source.checkpoint()})"} if source else {}),
-            **{g: str(cfg[g]) for g in ("regime", "arm") if cfg.get(g)},  # Hydra's choices (phasefix.cli.compose)
-            **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
-        tracking.log_params(c, run_id, resolved)
-        tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
-        if source is not None:
-            tracking.copy_history(tracking.client(source.tracking_uri), source.run_id, c, run_id, start_step)
-        run = Run.create(out_dir, run_id, c.tracking_uri, OmegaConf.to_yaml(cfg, resolve=True))
-    else:
-        run_id = run.run_id
-        tracking.rewind(c, run_id, step=start_step)  # the points this piece logs again (from the checkpoint on)
-        tracking.set_tags(c, run_id, {"resumed_from": f"{run.checkpoint()} (step {start_step})"})
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
-        tracking.log_config(c, run_id, OmegaConf.to_yaml(cfg, resolve=True))
-    resume_ckpt = (source or run).checkpoint() if resuming else None
-    tracking.set_tags(c, run_id, {"precision": precision, "precision_reason": precision_why,
-                                  "compile": str(compiled).lower(), "compile_reason": compile_why})
+def final_scores(model, cfg: DictConfig, p: dict) -> dict:
+    """The final phase evaluation on fresh prompts, with intervals: {padding: result} (phasefix.evaluate's scoring)."""
+    from phasefix.data.select import eval_set
+    from phasefix.evaluate import Target, score_by_phase
 
-    trainer = None
-    # the layout Run.checkpoint reads; "last" is also the name Lightning's save_last writes (PeriodicCheckpoint)
+    e, stride = cfg.eval, p["model"].phase_stride
+    target = Target("phasefix", model, p["model"].name, "fit", period=e.period, stride=stride, data_cfg=p["data"])
+    return {pad: score_by_phase(target, eval_set(p["data"], pad, e.period, e.per_residue, e.seed), period=e.period,
+                                stride=stride, n_boot=e.n_boot, batch_size=e.batch_size,
+                                progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")[1]["fact"]
+            for pad in e.paddings}
+
+
+def raise_stopped(e: BaseException, trainer, out_dir: Path):
+    """Ctrl-C or SIGTERM: RunInterrupted (SIGTERM: exit 143) with the line that says how to resume; any other exit
+    raised as it was."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from phasefix.run import checkpoint_path
+
+    interrupted = isinstance(e, SIGTERMException) or (trainer is not None and trainer.interrupted)
+    if isinstance(e, SystemExit) and not interrupted:
+        raise e
     last_ckpt = checkpoint_path(out_dir)
-    ckpt_dir = last_ckpt.parent
-    # the run ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
-    with tracking.running(c, run_id, resumed=resuming and not forking):
-        try:
-            module = PhaseFixModule(model=OmegaConf.to_container(cfg.model, resolve=True),
-                                    optim=OmegaConf.to_container(cfg.optim, resolve=True),
-                                    max_steps=cfg.trainer.max_steps,
-                                    mitigation=OmegaConf.to_container(cfg.mitigation, resolve=True)
-                                    if cfg.get("mitigation") else None,
-                                    paddings=tuple(cfg.eval.paddings), period=cfg.eval.period, seed=cfg.seed,
-                                    built=(model_cfg, p["mitigations"]),  # what plan built: not built again
-                                    **(data_cfg.text_loss if is_lm_mix else {}))
-            module.compile_training = compiled
-            data = RetrievalDataModule(train_data, val_sets, batch_size=cfg.trainer.batch_size,
-                                       eval_batch_size=cfg.eval.batch_size, seed=cfg.seed,
-                                       max_steps=cfg.trainer.max_steps)
-            logger = RunLogger(experiment_name=cfg.logger.experiment_name, tracking_uri=c.tracking_uri,
-                                  run_id=run_id)
-            verbose = bool(cfg.get("verbose"))
-            callbacks = [
-                PeriodicCheckpoint(dirpath=ckpt_dir, filename="step{step:06d}", auto_insert_metric_name=False,
-                                every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_last=True, save_top_k=0),
-                ModelCheckpoint(dirpath=ckpt_dir, filename="best", mode="max", save_top_k=1,
-                                auto_insert_metric_name=False,
-                                monitor=tracking.phase_metric("val", cfg.eval.paddings[0], "acc_mean")),
-                LastCheckpoint(dirpath=ckpt_dir, filename=last_ckpt.stem),
-                TrainClock(before_seconds),
-                *([console.TrainProgress(cfg.eval.paddings[0])] if cfg.trainer.progress_bar and not verbose else []),
-                *callbacks,
-            ]
-            trainer = L.Trainer(
-                accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, strategy=cfg.trainer.strategy,
-                precision=precision, max_steps=cfg.trainer.max_steps, max_epochs=-1,
-                gradient_clip_val=cfg.trainer.gradient_clip_val, val_check_interval=cfg.trainer.val_every_n_steps,
-                check_val_every_n_epoch=None, log_every_n_steps=cfg.trainer.log_every_n_steps,
-                deterministic=cfg.trainer.deterministic, enable_progress_bar=bool(cfg.trainer.progress_bar and verbose),
-                enable_model_summary=False, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
-                use_distributed_sampler=False, default_root_dir=str(out_dir))
-            t_fit = time.time()
-            trainer.fit(module, datamodule=data, ckpt_path=str(resume_ckpt) if resume_ckpt else None)
-            if trainer.interrupted:
-                raise KeyboardInterrupt
-            train_seconds = before_seconds + (time.time() - t_fit)
-            compile_record = {"used": compiled, "why": compile_why}
-            if compiled:  # this piece's compile, in train_seconds (this process's: not ddp's workers')
-                from phasefix.module import compile_seconds
-
-                compile_record["seconds"] = round(compile_seconds(), 1)
-                tracking.log_metric_values(c, run_id, {"compile_seconds": compile_record["seconds"]},
-                                           step=cfg.trainer.max_steps)
-
-            # the final phase evaluation, on fresh prompts with intervals
-            from phasefix.predict import evaluate_phase
-
-            model = module.model.eval()
-            results = {}
-            for pad in cfg.eval.paddings:
-                ds = eval_set(data_cfg, pad, cfg.eval.period, cfg.eval.per_residue, cfg.eval.seed)
-                results[pad] = evaluate_phase(model, ds, period=cfg.eval.period, stride=model_cfg.phase_stride,
-                                              n_boot=cfg.eval.n_boot, batch_size=cfg.eval.batch_size,
-                                              progress=bool(cfg.trainer.progress_bar), desc=f"evaluate {pad}")
-            summary = summarize(run_id, model_cfg, results, train_seconds, before_total + time.time() - t_start,
-                                out_dir)
-            summary["steps"] = cfg.trainer.max_steps  # the state it describes (resume compares it to last.ckpt's step)
-            summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
-                           figure=tracking.artifact_path(c, run_id, "phase_curves.png"))
-            summary["precision"] = {"used": precision, "why": precision_why}
-            summary["compile"] = compile_record
-            if is_lm_mix:
-                val_text = train_set(data_cfg, "val", cfg.seed).with_format("torch")
-                summary["lm_loss"] = round(lm_loss(model, val_text, data_cfg.vocab.byte_start), 4)
-            with tracking.interrupts_deferred():  # the final results are written whole (a Ctrl-C: right after)
-                log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, cfg.trainer.max_steps)
-                tracking.write_json(out_dir / "summary.json", summary)
-                tracking.log_dict(c, run_id, summary, "summary.json")
-            return summary
-        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C (Lightning turns it into exit(1)); SIGTERM
-            interrupted = isinstance(e, SIGTERMException) or (trainer is not None and trainer.interrupted)
-            if isinstance(e, SystemExit) and not interrupted:
-                raise
-            step = f" at step {trainer.global_step}" if trainer is not None else ""
-            saved = f"; checkpoint {last_ckpt}" if last_ckpt.exists() else ""
-            hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
-                    if saved else f"interrupted{step} before any checkpoint was written")
-            if isinstance(e, SIGTERMException):
-                print(hint, file=sys.stderr)
-                raise SystemExit(128 + 15) from e  # the shell's code for "terminated by SIGTERM"
-            raise RunInterrupted(hint) from None
+    step = f" at step {trainer.global_step}" if trainer is not None else ""
+    saved = f"; checkpoint {last_ckpt}" if last_ckpt.exists() else ""
+    hint = (f"interrupted{step}{saved}; continue this run with: python -m phasefix.fit resume={out_dir}"
+            if saved else f"interrupted{step} before any checkpoint was written")
+    if isinstance(e, SIGTERMException):
+        print(hint, file=sys.stderr)
+        raise SystemExit(128 + 15) from e  # the shell's code for "terminated by SIGTERM"
+    raise RunInterrupted(hint) from None
 
 
-def summarize(run_id, model_cfg, results, train_seconds, total_seconds, out_dir) -> dict:
-    summary = {"mlflow_run_id": run_id, "model": model_cfg.name, "attention": model_cfg.attention,
-               **model_cfg.shape_tags(),
+SUMMARY_KEYS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue", "period_detected", "worst_ci", "gap_ci",
+                "periodicity_ratio")
+
+
+def summarize(cfg: DictConfig, p: dict, run, c, model, results: dict, train_seconds: float,
+              total_seconds: float) -> dict:
+    """The run's summary.json: its model's shape and costs, times, the phase results, learned, how it trained."""
+    from phasefix import tracking
+    from phasefix.data.lm_mix import LMMixConfig
+    from phasefix.evaluate import phase_summary
+
+    m, how = p["model"], p["how"]
+    summary = {"mlflow_run_id": run.run_id, "model": m.name, "attention": m.attention, **m.shape_tags(),
                # the costs a study constrains (compression at equal cache size): docs/mitigations.md
-               "compressor_flops_per_token": model_cfg.compressor_flops_per_token(),
-               "cache_entries_per_token": model_cfg.cache_entries_per_token(),
+               "compressor_flops_per_token": m.compressor_flops_per_token(),
+               "cache_entries_per_token": m.cache_entries_per_token(),
                "train_seconds": round(train_seconds, 1), "total_seconds": round(total_seconds, 1),
-               "output_dir": str(out_dir)}
-    for pad, res in results.items():
-        summary[pad] = {k: _plain(res[k]) for k in ("acc_mean", "acc_worst", "acc_best", "acc_gap", "per_residue",
-                                                    "period_detected", "worst_ci", "gap_ci", "periodicity_ratio")
-                        if k in res}
+               "output_dir": str(run.dir),
+               **{pad: phase_summary(res, SUMMARY_KEYS) for pad, res in results.items()},
+               "steps": cfg.trainer.max_steps}  # the state it describes (resume compares it to last.ckpt's step)
+    summary.update(learned_lookup(summary, cfg), tracking_uri=c.tracking_uri,
+                   figure=tracking.artifact_path(c, run.run_id, "phase_curves.png"))
+    summary["precision"] = {"used": how["precision"], "why": how["precision_reason"]}
+    summary["compile"] = {"used": how["compile"] == "true", "why": how["compile_reason"]}
+    if summary["compile"]["used"]:  # this piece's compile, in train_seconds (this process's: not ddp's workers')
+        from phasefix.module import compile_seconds
+
+        summary["compile"]["seconds"] = round(compile_seconds(), 1)
+    if isinstance(p["data"], LMMixConfig):
+        from phasefix.data.select import train_set
+
+        val_text = train_set(p["data"], "val", cfg.seed).with_format("torch")
+        summary["lm_loss"] = round(lm_loss(model, val_text, p["data"].vocab.byte_start), 4)
     return summary
+
+
+def close_run(c, run, cfg, p, module, results, summary, val_sets) -> None:
+    """The final results logged and summary.json written, whole (a Ctrl-C takes effect right after)."""
+    from phasefix import tracking
+
+    with tracking.interrupts_deferred():
+        if "seconds" in summary["compile"]:
+            tracking.log_metric_values(c, run.run_id, {"compile_seconds": summary["compile"]["seconds"]},
+                                       step=cfg.trainer.max_steps)
+        log_final(c, run.run_id, cfg, p["model"], module, results, summary, val_sets, cfg.trainer.max_steps)
+        tracking.write_json(run.dir / "summary.json", summary)
+        tracking.log_dict(c, run.run_id, summary, "summary.json")
 
 
 def learned_lookup(summary: dict, cfg: DictConfig) -> dict:
@@ -348,16 +396,6 @@ def learned_lookup(summary: dict, cfg: DictConfig) -> dict:
     prefix = summary.get("prefix")
     return {"chance": round(chance(params), 4),
             "learned": None if prefix is None else bool(learned(prefix["acc_mean"], params))}
-
-
-def _plain(v):
-    if hasattr(v, "tolist"):  # a tensor or numpy value
-        v = v.tolist()
-    if isinstance(v, float):
-        return None if v != v else round(v, 4)  # NaN (an empty residue group) -> null in JSON
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    return v
 
 
 def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, step: int = 0) -> None:

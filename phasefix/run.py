@@ -173,4 +173,42 @@ class Run:
         return int(ckpt["global_step"]), seconds
 
 
-__all__ = ["RUN_FILE", "Run", "check_spec", "outputs_dir"]
+def open_fit_run(cfg, piece, name: str, model_cfg, tags: dict):
+    """(the Run one piece of `phasefix.fit` logs to, its MLflow client). A new run: its MLflow run (tagged with what it
+    is and where it was made, params, config; a fork's metric history copied up to its step), then its directory
+    (config.yaml, run.json). A continued run: the points its checkpoint's step on rewound (they are logged again),
+    config.yaml written again (e.g. a raised max_steps). `model_cfg`: the model as planned (its shape tags);
+    `tags`: how this piece trains (precision, compile)."""
+    from omegaconf import OmegaConf
+
+    from phasefix import tracking
+    from phasefix.config import to_container
+
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    run, source = piece.run, piece.source
+    c = tracking.client(run.tracking_uri if run is not None else cfg.logger.tracking_uri)  # a resumed run: its store
+    if run is None:
+        run_id = tracking.create_run(c, cfg.logger.experiment_name, name, tags={
+            "model": cfg.model.name, "attention": cfg.model.attention,
+            **{k: str(v) for k, v in model_cfg.shape_tags().items()}, "seed": str(cfg.seed), "phasefix.kind": "fit",
+            "mitigations": ",".join(cfg.mitigation.keys()) if cfg.get("mitigation") else "none",
+            "output_dir": str(piece.out_dir), **tracking.provenance(),
+            **({"mlflow.parentRunId": cfg.logger.parent_run_id} if cfg.logger.parent_run_id else {}),
+            **({"forked_from": f"{source.run_id} at step {piece.step} ({source.checkpoint()})"} if source else {}),
+            **{g: str(cfg[g]) for g in ("regime", "arm") if cfg.get(g)},  # Hydra's choices (phasefix.cli.compose)
+            **{str(k): str(v) for k, v in (cfg.logger.tags or {}).items()}})
+        tracking.log_params(c, run_id, to_container(cfg))
+        tracking.log_config(c, run_id, config_yaml)
+        if source is not None:
+            tracking.copy_history(tracking.client(source.tracking_uri), source.run_id, c, run_id, piece.step)
+        run = Run.create(piece.out_dir, run_id, c.tracking_uri, config_yaml)
+    else:
+        tracking.rewind(c, run.run_id, step=piece.step)  # the points this piece logs again (from the checkpoint on)
+        tracking.set_tags(c, run.run_id, {"resumed_from": f"{run.checkpoint()} (step {piece.step})"})
+        (run.dir / "config.yaml").write_text(config_yaml)
+        tracking.log_config(c, run.run_id, config_yaml)
+    tracking.set_tags(c, run.run_id, tags)
+    return run, c
+
+
+__all__ = ["RUN_FILE", "Run", "check_spec", "open_fit_run", "outputs_dir"]
