@@ -4,13 +4,9 @@ Runs carry two MLflow tags, `regime` (e.g. `w4s4`, `coverage_w8s8`) and `arm` (`
 mitigation, a model option); `phasefix.report` turns the rows of `report.collect` into one table row per
 (regime, arm, padding) and two figures (`phasefix.plots`):
 
-- **learned**: a run learned the lookup when its prefix-padding mean is at least `LEARNED_FACTOR` x chance
-  (chance = 1 / data.num_values for the key-value lookup; answering by elimination scores at most 2 / num_records,
-  below that line, because the evaluation demonstrates at most half the records: `phasefix.data.eval_task_kwargs`).
+- **learned**, **goal met** and the goal's bar (the unmitigated mean over its learned seeds): `phasefix.verdict`.
   Aggregates (mean, worst, ...) are over the learned seeds only; a regime whose baseline learns in no seed has no
-  goal to meet and says so.
-- **goal met** (per learned seed): worst >= 0.9 x mean AND mean >= the unmitigated mean of the same regime and
-  padding (the mean over its learned seeds).
+  goal to meet and says so; `goal_met` counts the learned seeds meeting `verdict.meets_goal`.
 - **worst excl. boundary**: the worst residue among those whose phase is not the grid's boundary phase S-1 (W = S,
   no offsets: where no single entry can bind a key to the next token's value).
 - cost columns: compressor multiply-adds per token and cache entries per token, from the run's model config.
@@ -22,10 +18,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from phasefix.data.layout import PADDINGS
+from phasefix.verdict import BASELINE_ARM, learned, member_meets_goal, reference
 
-LEARNED_FACTOR = 5.0
-GOAL_RATIO = 0.9  # worst >= GOAL_RATIO x mean
-BASELINE_ARM = "baseline"
 # The arm codes of the committed tables (written before conf/arm/ existed) -> the arm (conf/arm/<name>.yaml) that
 # composes the same config (tests/test_regimes.py checks each headline cell against its committed runs' commands).
 ARM_NAMES = {"t5": "bridge_gate_diversity", "w5_gd_spread": "bridge_gate_diversity", "w9_spread": "bridge",
@@ -66,14 +60,9 @@ def model_config(params: Mapping[str, str]):
     return ModelConfig.from_dict(d)
 
 
-def chance(params: Mapping[str, str]) -> float:
-    """Chance accuracy of the lookup: one of data.num_values values."""
-    n = number(params.get("data.num_values"))
-    return 1.0 / n if n > 0 else math.nan
-
-
-def learned(prefix_mean: float, params: Mapping[str, str]) -> bool:
-    return prefix_mean >= LEARNED_FACTOR * chance(params)
+def num_values(params: Mapping[str, str]) -> float:
+    """The lookup's number of values, from a run's logged params (nan when it logged none)."""
+    return number(params.get("data.num_values"))
 
 
 def boundary_residues(period: int, stride: int) -> list[int]:
@@ -96,7 +85,7 @@ def run_facts(run, source=None) -> dict:
     params, tags = (source or run).data.params, (source or run).data.tags
     metrics = run.data.metrics
     facts = {"regime": tags.get("regime", ""), "arm": tags.get("arm") or BASELINE_ARM,  # untagged arm: unmitigated
-             "learned": learned(metrics.get(phase_metric("final", "prefix", "acc_mean"), math.nan), params),
+             "learned": learned(metrics.get(phase_metric("final", "prefix", "acc_mean"), math.nan), num_values(params)),
              "compressor_flops_per_token": math.nan, "cache_entries_per_token": math.nan}
     if not any(k.startswith("model.") for k in params):  # an evaluate run of a foreign model
         return facts
@@ -144,25 +133,18 @@ def _groups(members: Sequence[Mapping]) -> dict[tuple[str, str, str], list[Mappi
 
 
 def baseline_means(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) -> dict[tuple, float]:
-    """The goal's bar per (regime, padding): the baseline's mean over its learned seeds (nan if none learned), from
-    `members` or else a committed baseline row of `joined`; per (regime, padding, "lm") its mean lm_loss."""
+    """The goal's bar per (regime, padding): `verdict.reference` of the baseline's runs among `members`, or else a
+    committed baseline row of `joined`; per (regime, padding, "lm") its mean lm_loss."""
     bars = {}
     for (regime, arm, pad), runs in _groups(members).items():
         if arm == BASELINE_ARM:
-            bars[(regime, pad)] = _mean_sd([m["acc_mean"] for m in runs if m["learned"]])[0]
+            bars[(regime, pad)] = reference([m["acc_mean"] for m in runs], [m["learned"] for m in runs])
             bars[(regime, pad, "lm")] = _mean_sd([number(m.get("lm_loss")) for m in runs])[0]
     for j in joined:  # a committed baseline row is the mean over its learned seeds, as above
         if j["arm"] == BASELINE_ARM:
             bars.setdefault((j["regime"], j["padding"]), j["acc_mean"] if j["learned"] else math.nan)
             bars.setdefault((j["regime"], j["padding"], "lm"), j["lm_loss"])
     return bars
-
-
-def meets_goal(member: Mapping, bar: float) -> bool:
-    """The goal for one run and padding: it learned, its worst residue is >= GOAL_RATIO x its mean, and its mean is
-    no lower than `bar` (the baseline's mean over learned seeds; nan: no bar)."""
-    return bool(member["learned"]) and member["acc_worst"] >= GOAL_RATIO * member["acc_mean"] \
-        and not (member["acc_mean"] < bar)
 
 
 def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), table: str = "") -> list[dict]:
@@ -178,7 +160,7 @@ def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), ta
         ok = [m for m in members if m["learned"]]
         bm = base_mean.get((regime, pad), math.nan)
         row = {"regime": regime, "arm": arm, "padding": pad, "seeds": len(members), "learned": len(ok),
-               "goal_met": sum(meets_goal(m, bm) for m in ok),
+               "goal_met": sum(member_meets_goal(m, bm) for m in ok),
                "baseline_learned": not math.isnan(bm), "baseline_run": (regime, pad) in base_mean,
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in ("acc_mean", "acc_worst", "worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
@@ -218,39 +200,6 @@ def best_rows(drows: Sequence[Mapping]) -> list[dict]:
 
         out += base + max(arms.values(), key=score, default=[])
     return out
-
-
-INT_COLUMNS = ("seeds", "learned", "goal_met")
-TEXT_COLUMNS = ("regime", "arm", "padding", "run_ids", "table")
-
-
-def read_table(path) -> list[dict]:
-    """The rows of a committed `decisive.csv` as `decisive_rows` made them, so that `best_rows` and `markdown` can
-    build a headline from tables whose runs are no longer in MLflow."""
-    import csv
-
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    out = []
-    for r in rows:
-        row = {k: (v if k in TEXT_COLUMNS else int(v) if k in INT_COLUMNS else number(v)) for k, v in r.items()}
-        base = [b for b in rows if b["regime"] == r["regime"] and b["padding"] == r["padding"]
-                and b["arm"] == BASELINE_ARM]
-        for k in ("worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
-            row.setdefault(k + "_sd", math.nan)  # the table keeps the sd of mean and worst only
-        row["baseline_run"] = bool(base)
-        row["baseline_learned"] = bool(base) and int(base[0]["learned"]) > 0
-        out.append(row)
-    return out
-
-
-def read_members(path) -> list[dict]:
-    """The runs of a committed `decisive_runs.csv` as `run_members` made them (learned back to a bool)."""
-    import csv
-
-    with open(path, newline="") as f:
-        return [{k: (v == "True" if k == "learned" else v if k in MEMBER_TEXT else number(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
 
 
 def _pm(m: float, sd: float) -> str:
@@ -305,7 +254,7 @@ def runs_markdown(members: Sequence[Mapping], joined: Sequence[Mapping] = ()) ->
                 cells.append("")
                 continue
             text = f"{m['acc_mean']:.3f} / {m['acc_worst']:.3f}"
-            cells.append(f"**{text}**" if meets_goal(m, bars.get((m["regime"], p), math.nan))
+            cells.append(f"**{text}**" if member_meets_goal(m, bars.get((m["regime"], p), math.nan))
                          else text if m["learned"] else f"{text} (not learned)")
         lines.append(f"| {first['regime']} | {first['arm']} | {first['run_name']} (`{first['run_id'][:8]}`) | "
                      + " | ".join(cells) + " |" + (f" `{first.get('table') or ''}` |" if source else ""))

@@ -388,14 +388,13 @@ def close_run(c, run, cfg, p, module, results, summary, val_sets) -> None:
 
 
 def learned_lookup(summary: dict, cfg: DictConfig) -> dict:
-    """{"chance", "learned"}: the project's rule (phasefix.comparison.learned: prefix mean >= 5 x chance) on this run;
+    """{"chance", "learned"}: the project's rule (phasefix.verdict.learned: prefix mean >= 5 x chance) on this run;
     learned None when the prefix padding was not evaluated. A run that did not learn has no period to read."""
-    from phasefix.comparison import chance, learned
+    from phasefix.verdict import chance, learned
 
-    params = {"data.num_values": cfg.data.num_values}
     prefix = summary.get("prefix")
-    return {"chance": round(chance(params), 4),
-            "learned": None if prefix is None else bool(learned(prefix["acc_mean"], params))}
+    return {"chance": round(chance(cfg.data.num_values), 4),
+            "learned": None if prefix is None else bool(learned(prefix["acc_mean"], cfg.data.num_values))}
 
 
 def log_final(c, run_id, cfg, model_cfg, module, results, summary, val_sets, step: int = 0) -> None:
@@ -444,7 +443,7 @@ def print_summary(summary: dict) -> None:
             print(f"{pad:<12} {s['acc_mean']:>6.3f} {s['acc_worst']:>6.3f} {s['acc_best']:>6.3f} "
                   f"{s['acc_gap']:>6.3f} {period:>6}  {tracking.sparkline(s['per_residue'])}")
     if unlearned:
-        from phasefix.comparison import LEARNED_FACTOR
+        from phasefix.verdict import LEARNED_FACTOR
 
         print(f"NOT LEARNED: prefix mean {summary['prefix']['acc_mean']:.3f} < {LEARNED_FACTOR:g} x chance "
               f"({LEARNED_FACTOR * summary['chance']:.3f}); the curve is noise, not a period: train longer "

@@ -69,14 +69,16 @@ from phasefix.comparison import number, scored_prompts
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 from phasefix.quotes import inside, quotes, refresh_quotes
-from phasefix.tables import fmt, headline_from_tables, joined_rows, write_csv
+from phasefix.tables import (DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, fmt, headline_from_tables, joined_rows,
+                             write_csv)
+from phasefix.verdict import GOAL_RATIO, flat
 
 KINDS = ("fit", "evaluate")
 COLUMNS = ("run_id", "run_name", "kind", "task", "model", "window", "stride", "mitigations", "parent", "padding",
            "acc_mean", "acc_worst", "acc_best", "acc_gap", "worst_ci_low", "worst_ci_high", "gap_ci_low",
            "gap_ci_high", "period_detected", "periodicity_ratio", "git_commit", "command", "machine", "start_time")
 OPTIONS = ("experiment", "runs", "tables", "join", "join_regimes", "into", "kind", "tracking_uri", "out", "log",
-           "verbose", "experiment_name", "results")
+           "verbose", "experiment_name")
 
 
 @dataclass
@@ -89,7 +91,6 @@ class ReportConfig:
     join: list[str] = field(default_factory=list)  # committed report folders whose regimes the new runs extend
     join_regimes: list[str] = field(default_factory=list)  # with join=: these regimes too (a comparison's every one)
     into: str | None = None  # a document whose quotes of files in `out` are rewritten with them (needs out=)
-    results: str | None = None  # write the results page (docs/results.md) from the committed tables: phasefix.results
     tracking_uri: str | None = None
     out: str | None = None  # default outputs/reports/<date>-<time>
     log: bool = True  # log the report to a new MLflow run
@@ -119,7 +120,7 @@ def shim(argv: Sequence[str]) -> list[str]:
             bare = "experiment_name"
         if bare in ("runs", "kind", "tables", "join", "join_regimes") and not value.startswith("["):
             value = "[" + ",".join(quoted(v.strip()) for v in value.split(",") if v.strip()) + "]"
-        elif bare in ("experiment_name", "tracking_uri", "out", "into", "results") and not value.startswith(("'", '"')):
+        elif bare in ("experiment_name", "tracking_uri", "out", "into") and not value.startswith(("'", '"')):
             value = quoted(value)
         out.append(f"{bare}={value}")
     return out
@@ -232,14 +233,15 @@ SEED_METRICS = ("acc_mean", "acc_worst", "acc_gap", "train_seconds", "lm_loss")
 
 def seed_rows(rows: Sequence[Mapping]) -> list[dict]:
     """Rows of runs named `<config>-s<seed>` grouped by (config, padding): mean and sd over seeds of each metric,
-    the number of seeds, how many runs reach worst >= 0.9 x mean (the mitigation goal) and the run ids."""
+    the number of seeds, how many runs are flat (`verdict.flat`: worst >= 0.9 x mean; the goal also needs a
+    regime's unmitigated mean, which only the decisive table has) and the run ids."""
     groups: dict[tuple[str, str], list[Mapping]] = {}
     for r in rows:
         groups.setdefault((SEED_SUFFIX.sub("", r["run_name"]), r["padding"]), []).append(r)
     out = []
     for (config, pad), members in groups.items():
         row = {"config": config, "padding": pad, "seeds": len(members),
-               "goal_met": sum(m["acc_worst"] >= 0.9 * m["acc_mean"] for m in members),
+               "flat": sum(flat(m["acc_mean"], m["acc_worst"]) for m in members),
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in SEED_METRICS:
             vals = [m[k] for m in members if not math.isnan(number(m.get(k)))]
@@ -254,11 +256,11 @@ def seeds_markdown(srows: Sequence[Mapping]) -> str:
         m, sd = r[k], r[k + "_sd"]
         return "" if math.isnan(m) else f"{m:.3f}" + ("" if math.isnan(sd) else f" ± {sd:.3f}")
 
-    lines = ["| config | padding | seeds | mean | worst | gap | worst >= 0.9 mean | train s | lm_loss | runs |",
+    lines = [f"| config | padding | seeds | mean | worst | gap | worst >= {GOAL_RATIO} mean | train s | lm_loss | runs |",
              "|" + "---|" * 10]
     for r in srows:
         lines.append(f"| {r['config']} | {r['padding']} | {r['seeds']} | {pm(r, 'acc_mean')} | {pm(r, 'acc_worst')} | "
-                     f"{pm(r, 'acc_gap')} | {r['goal_met']}/{r['seeds']} | {pm(r, 'train_seconds')} | "
+                     f"{pm(r, 'acc_gap')} | {r['flat']}/{r['seeds']} | {pm(r, 'train_seconds')} | "
                      f"{pm(r, 'lm_loss')} | {r['run_ids']} |")
     return "\n".join(lines) + "\n"
 
@@ -345,12 +347,12 @@ def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapp
     members = [{**m, "table": table} for m in comparison.run_members(rows, curves, facts)] + list(pooled)
     grown = bool(joined or pooled)  # a joined table names each row's table
     drows = comparison.decisive_rows(members, joined, table if grown else "")
-    write_csv(out / "decisive.csv", drows, comparison.COLUMNS + (("table",) if grown else ()))
-    write_csv(out / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)  # a later join pools these runs
+    write_csv(out / DECISIVE_CSV, drows, comparison.COLUMNS + (("table",) if grown else ()))
+    write_csv(out / DECISIVE_RUNS_CSV, members, comparison.MEMBER_COLUMNS)  # a later join pools these runs
     (out / "decisive.md").write_text(comparison.markdown(drows))
     (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
     (out / "runs.md").write_text(comparison.runs_markdown(members, joined))
-    files = ["decisive.csv", "decisive_runs.csv", "decisive.md", "headline.md", "runs.md"]
+    files = [DECISIVE_CSV, DECISIVE_RUNS_CSV, "decisive.md", "headline.md", "runs.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
             plots.save(plots.phase_grid(rows, curves, facts, pad), out / f"phase_grid_{pad}.png")
@@ -401,11 +403,11 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files, drows = [], []
     if rows:
-        write_csv(out / "comparison.csv", rows, COLUMNS)
+        write_csv(out / SCORES_CSV, rows, COLUMNS)
         plots.save(plots.runs_phase_curves(rows, curves), out / "phase_curves.png")
-        files += ["comparison.csv", "phase_curves.png"]
+        files += [SCORES_CSV, "phase_curves.png"]
         srows = seed_rows(rows)
-        write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "goal_met",
+        write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "flat",
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
         (out / "seeds.md").write_text(seeds_markdown(srows))
         files += ["seeds.csv", "seeds.md"]
@@ -450,12 +452,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def work(cfg: DictConfig) -> int:
         quiet(cfg.verbose)  # -v: the libraries' own output too
-        if cfg.results:  # the results page, from the committed tables (comparisons/*.yaml name them)
-            from phasefix.results import write_results
-
-            path = write_results(cfg.results)
-            print(f"results page written to {path} ({len(path.read_text().splitlines())} lines)")
-            return 0
         res = report(cfg)
         if cfg.tables:
             print((Path(res["out"]) / "headline.md").read_text(), end="")

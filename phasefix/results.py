@@ -1,28 +1,36 @@
-"""docs/results.md, generated from the committed tables (no MLflow): first the answer (per regime: the arm to use,
-what it costs, how many seeds meet the goal), then the regime x arm matrix, the arm legend (conf/arm/) and links to
-each committed table.
+"""`python -m phasefix.results`: docs/results.md and the README's recommendation, from the committed tables (no MLflow).
 
-    python -m phasefix.report results=docs/results.md
-
-The sources are the comparison files (comparisons/*.yaml): the headline's committed folders (`tables:`) and, for
-any other comparison whose folder (`out:`) holds a `decisive.csv`, that table. Arm codes of tables written before
-conf/arm/ existed are shown under today's names (`phasefix.comparison.ARM_NAMES`).
+The page answers first: per regime, the arm that the verdict recommends (`phasefix.verdict.recommend`: the highest
+95% Wilson lower bound of the share of seeds meeting the goal, then the least cost), over the seeds of every
+comparison file that measured the regime (`comparisons/*.yaml`: the headline's `tables:`, each regime's `table:`
+folders and each comparison's `out:` folder once it holds a table; a seed scored in two folders counts once, from
+the first). Then each comparison's regime x arm matrix, the arm legend (composed from conf/arm/) and the tables.
+A regime trained for another number of steps (a comparison's `steps:`) is its own row. Arm codes of tables written
+before conf/arm/ existed are shown under today's names (`phasefix.comparison.ARM_NAMES`).
 """
 from __future__ import annotations
 
 import functools
 import math
+import re
+import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, arm_name, read_table
+from phasefix import verdict
+from phasefix.comparison import ARM_NAMES, arm_name
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
+from phasefix.tables import folder_members, has_table, read_table
+from phasefix.verdict import BASELINE_ARM, GOAL_RATIO, MIN_SEEDS, Cost, Rate
 
 PADS = ("prefix", "in_sequence")
 BYTES_PER_VALUE = 2  # a cache entry's vectors stored in bf16
-FREE_MACS = 1.02  # issue 54's "unmitigated cost": at most +2% compressor multiply-adds, same entries and bytes
+SEED = re.compile(r"-s(\d+)(?:-|$)")  # a run's seed in its name: <config>-s<seed>[-<suffix>]
+README_START, README_END = "<!-- results: python -m phasefix.results -->", "<!-- /results -->"
+QUICK_START_REGIME = "w4s4"  # the README's quick start and picture: the CPU default's shape, 1,200 steps
 
 
 def arm_overrides(arm: str) -> str:
@@ -60,22 +68,117 @@ def _arm_words(arm: str) -> list[str]:
     return words
 
 
-@functools.lru_cache(maxsize=None)  # one Hydra compose per cell, however many rows and sentences ask
+@functools.lru_cache(maxsize=None)  # one Hydra compose per cell, however many rows ask
 def cache_bytes(regime: str, arm: str) -> float:
     """Compressed-cache bytes per token of a cell (entries per token x vectors per entry x head_dim, bf16)."""
+    from phasefix.cli import compose
     from phasefix.config import model_config
-    from phasefix.fit import compose
 
     m = model_config(compose([f"regime={regime}", f"arm={arm}"]))
     return m.cache_entries_per_token() * (1 if m.tied_kv else 2) * m.head_dim * BYTES_PER_VALUE
 
 
-def _rows(folder_spec: str) -> list[dict]:
-    folder, _, regimes = folder_spec.partition(":")
-    rows = read_table(PROJECT_ROOT / folder / "decisive.csv")
-    wanted = [r for r in regimes.split("+") if r]
-    return [{**r, "arm": arm_name(r["arm"]), "table": r.get("table") or folder} for r in rows
-            if not wanted or r["regime"] in wanted]
+# ------------------------------------------------------------------------------------------------ the seeds, pooled
+@dataclass(frozen=True)
+class Regime:
+    """A regime as a comparison trains it: its name and, when a comparison changes it, its number of steps."""
+    name: str
+    steps: int | None = None
+
+    def label(self) -> str:
+        return self.name if self.steps is None else f"{self.name} ({self.steps:,} steps)"
+
+
+def sources(comps) -> list[tuple[str, Regime, set[str]]]:
+    """(folder, regime, the regime names to take) of every comparison, in the files' order: the headline's `tables:`,
+    each regime's `table:` folders, the comparison's own `out:` folder when it holds a table."""
+    out = []
+    for comp in comps:
+        steps = {r.name: r.steps for r in comp.regimes}
+        for spec in comp.tables:
+            folder, _, names = spec.partition(":")
+            out += [(folder, Regime(n, steps.get(n)), {n}) for n in (names.split("+") if names else steps)]
+        out += [(t, Regime(r.name, r.steps), {r.name}) for r in comp.regimes for t in r.tables]
+        if comp.out is not None and has_table(comp.out):
+            out += [(str(comp.out), Regime(r.name, r.steps), {r.name}) for r in comp.regimes]
+    return out
+
+
+def pooled_members(comps, known_arms: set[str]) -> dict[Regime, list[dict]]:
+    """Every committed run (one per run and padding, `tables.folder_members`) of each regime over `sources`, arms by
+    today's names (unknown codes left out), each with its seed; a (regime, arm, seed) counts once, from the first
+    folder that scored it (a re-scoring listed first stands for the run it re-scored)."""
+    read = functools.lru_cache(maxsize=None)(lambda f: folder_members(PROJECT_ROOT / f))
+    taken: dict[tuple, str] = {}
+    out: dict[Regime, list[dict]] = {}
+    for folder, regime, names in sources(comps):
+        for m in read(folder):
+            arm = arm_name(m["arm"])
+            if m["regime"] not in names or arm not in known_arms:
+                continue
+            seed = SEED.search(m["run_name"])
+            key = (regime, arm, seed.group(1) if seed else m["run_id"])
+            if taken.setdefault(key, m["run_id"]) == m["run_id"]:
+                out.setdefault(regime, []).append({**m, "arm": arm, "seed": key[2]})
+    return out
+
+
+def arm_rates(members: Sequence[Mapping]) -> dict[str, tuple[Rate, Cost]]:
+    """Per arm of one regime: (k of n seeds meeting the goal on every padding, its cost), the goal's bar the
+    unmitigated reference of these members."""
+    bars = {p: verdict.reference([m["acc_mean"] for m in members if (m["arm"], m["padding"]) == (BASELINE_ARM, p)],
+                                 [m["learned"] for m in members if (m["arm"], m["padding"]) == (BASELINE_ARM, p)])
+            for p in PADS}
+    seeds: dict[str, dict[str, dict[str, bool]]] = {}
+    costs = {}
+    for m in members:
+        bar = bars.get(m["padding"], math.nan)
+        seeds.setdefault(m["arm"], {}).setdefault(m["seed"], {})[m["padding"]] = verdict.member_meets_goal(m, bar)
+        costs.setdefault(m["arm"], (m["cache_entries_per_token"], m["compressor_flops_per_token"]))
+    return {arm: (Rate(sum(verdict.seed_meets_goal(p) for p in by_seed.values()), len(by_seed)),
+                  Cost(cache_bytes(members[0]["regime"], arm), *costs[arm])) for arm, by_seed in seeds.items()}
+
+
+# ------------------------------------------------------------------------------------------------ the page's parts
+def pct(x: float, base: float, digits: int = 1) -> str:
+    if not base or math.isclose(x, base, rel_tol=1e-9):
+        return "same"
+    return f"{100 * (x / base - 1):+.{digits}f}%"
+
+
+def cost_text(cost: Cost | None, base: Cost | None) -> str:
+    """An arm's cost against the unmitigated model: compressor MACs, cache bytes (entries where they differ)."""
+    if cost is None or base is None:
+        return "-"
+    text = f"MACs {pct(cost.macs, base.macs)}, bytes {pct(cost.cache_bytes, base.cache_bytes)}"
+    return text + ("" if math.isclose(cost.entries, base.entries) else f", entries {pct(cost.entries, base.entries)}")
+
+
+def recommendations(pooled: Mapping[Regime, Sequence[Mapping]]) -> list[tuple[Regime, verdict.Recommendation, dict]]:
+    """(regime, its recommendation, its arms' rates and costs), regimes in the order the comparisons name them."""
+    out = []
+    for regime, members in pooled.items():
+        arms = arm_rates(members)
+        if BASELINE_ARM in arms and len(arms) > 1:
+            out.append((regime, verdict.recommend(arms), arms))
+    return out
+
+
+def answer(recs) -> list[str]:
+    """The first table: per regime the recommended arm, its rate, its cost, and the arms that also met the goal on
+    every seed scored (with theirs)."""
+    lines = ["| regime | use | seeds meeting the goal on both paddings | cost against `baseline` | "
+             "also meeting it on every seed |", "|---|---|---|---|---|"]
+    for regime, rec, arms in recs:
+        base = arms[BASELINE_ARM][1]
+        if rec.arm is None:
+            lines.append(f"| {regime.label()} | no arm meets it | - | - | - |")
+            continue
+        also = ", ".join(f"`{a}` ({arms[a][0].k} of {arms[a][0].n}, {cost_text(arms[a][1], base)})"
+                         for a in rec.alternatives)
+        lines.append(f"| {regime.label()} | `{rec.arm}` | {rec.rate.text()} | "
+                     f"{cost_text(arms[rec.arm][1], base)} | {also or '-'} |")
+    return lines
 
 
 def _by(rows, regime, arm, pad):
@@ -93,39 +196,15 @@ def _cell(r, excl: bool = False) -> str:
     return f"{r['goal_met']}/{r['seeds']} ({r['acc_mean']:.2f}{worst})"
 
 
-def _pct(x: float, base: float, digits: int = 0) -> str:
-    if not base or math.isclose(x, base, rel_tol=1e-9):
-        return "same"
-    return f"{100 * (x / base - 1):+.{digits}f}%"
-
-
-def answer(rows: Sequence[Mapping]) -> list[str]:
-    """The answer table: per regime, the best arm at the baseline's cache entries (the headline's choice), its cost
-    and the seeds that meet the goal on each padding."""
-    from phasefix.comparison import best_rows
-
-    lines = ["| regime | use | seeds meeting the goal (prefix, in-sequence) | compressor MACs / token | "
-             "cache entries / token | cache bytes / token |", "|---|---|---|---|---|---|"]
-    best = best_rows(rows)
-    for regime in dict.fromkeys(r["regime"] for r in best):
-        arm = next((r["arm"] for r in best if r["regime"] == regime and r["arm"] != BASELINE_ARM), None)
-        if arm is None:
-            continue
-        got = [_by(best, regime, arm, p) for p in PADS]
-        base = [_by(best, regime, BASELINE_ARM, p) for p in PADS]
-        one, b = next(r for r in got if r), next(r for r in base if r)
-        met = ", ".join(f"{r['goal_met']}/{r['seeds']}" if r else "-" for r in got)
-        macs, bmacs = one["compressor_flops_per_token"], b["compressor_flops_per_token"]
-        by, bby = cache_bytes(regime, arm), cache_bytes(regime, BASELINE_ARM)
-        entries, bentries = one["cache_entries_per_token"], b["cache_entries_per_token"]
-        lines.append(f"| {regime} | `{arm}` | {met} | {macs:,.0f} ({_pct(macs, bmacs)}) | "
-                     f"{entries:.3f} ({_pct(entries, bentries)}) | {by:,.0f} ({_pct(by, bby)}) |")
-    return lines
+def row_cost(rows, regime: str, arm: str) -> Cost | None:
+    r = _by(rows, regime, arm, "prefix") or _by(rows, regime, arm, "in_sequence")
+    return None if r is None else Cost(cache_bytes(regime, arm), r["cache_entries_per_token"],
+                                       r["compressor_flops_per_token"])
 
 
 def matrix(rows: Sequence[Mapping], arms: Sequence[str], costs: bool = False) -> list[str]:
-    """Regime x arm: per padding, seeds meeting the goal of the seeds scored (mean / worst over learned seeds; with
-    `costs`, also the worst phase other than the boundary, and a row of each arm's cost against the baseline)."""
+    """Regime x arm of one table: per padding, its `goal_met` of the seeds scored (mean / worst over learned seeds;
+    with `costs`, also the worst phase other than the boundary, and a row of each arm's cost against the baseline)."""
     shown = [a for a in arms if any(r["arm"] == a for r in rows)]
     lines = ["| regime | padding | " + " | ".join(f"`{a}`" for a in shown) + " |",
              "|---|---|" + "---|" * len(shown)]
@@ -135,78 +214,11 @@ def matrix(rows: Sequence[Mapping], arms: Sequence[str], costs: bool = False) ->
                 lines.append(f"| {regime} | {pad} | " + " | ".join(_cell(_by(rows, regime, a, pad), costs)
                                                                   for a in shown) + " |")
         if costs:
-            lines.append(f"| {regime} | cost | " + " | ".join(_cost(rows, regime, a) for a in shown) + " |")
+            base = row_cost(rows, regime, BASELINE_ARM)
+            lines.append(f"| {regime} | cost | " + " | ".join(
+                "-" if row_cost(rows, regime, a) is None else cost_text(row_cost(rows, regime, a), base)
+                for a in shown) + " |")
     return lines
-
-
-def _cost_of(rows, regime: str, arm: str) -> tuple[float, float, float] | None:
-    """(cache bytes, cache entries, compressor MACs) per token of a cell, from its rows (bytes from its config)."""
-    r = _by(rows, regime, arm, "prefix") or _by(rows, regime, arm, "in_sequence")
-    if r is None:
-        return None
-    return cache_bytes(regime, arm), r["cache_entries_per_token"], r["compressor_flops_per_token"]
-
-
-def _cost(rows, regime: str, arm: str) -> str:
-    """An arm's cost against the baseline: compressor MACs, cache bytes per token (entries: as bytes, or named)."""
-    mine, base = _cost_of(rows, regime, arm), _cost_of(rows, regime, BASELINE_ARM)
-    if mine is None or base is None:
-        return "-"
-    by, entries, macs = mine
-    text = f"MACs {_pct(macs, base[2], 1)}, bytes {_pct(by, base[0], 1)}"
-    return text + ("" if math.isclose(entries, base[1]) else f", entries {_pct(entries, base[1], 1)}")
-
-
-def free(rows, regime: str, arm: str) -> bool:
-    """At the unmitigated model's cost: the same cache entries and bytes per token, <= +2% compressor MACs."""
-    mine, base = _cost_of(rows, regime, arm), _cost_of(rows, regime, BASELINE_ARM)
-    return bool(mine and base) and math.isclose(mine[0], base[0]) and math.isclose(mine[1], base[1]) \
-        and mine[2] <= FREE_MACS * base[2]
-
-
-def verdicts(rows: Sequence[Mapping]) -> list[str]:
-    """One sentence per regime: the cheapest arm that meets the goal on every seed scored on both paddings, whether
-    that is at the unmitigated cost, on how many seeds the unmitigated model meets it on its own (where it does),
-    and what each gate term adds to the bridge it is stacked on."""
-    out = []
-    for regime in dict.fromkeys(r["regime"] for r in rows):
-        arms = [a for a in dict.fromkeys(r["arm"] for r in rows if r["regime"] == regime) if a != BASELINE_ARM]
-        def met(a):
-            got = [_by(rows, regime, a, p) for p in PADS]
-            return all(r is not None and r["seeds"] and r["goal_met"] == r["seeds"] for r in got)
-        winners = sorted((a for a in arms if met(a)), key=lambda a: _cost_of(rows, regime, a))
-
-        def seeds(a):
-            n = _by(rows, regime, a, "prefix")["seeds"]
-            return f"{n}/{n} seed{'s' if n > 1 else ''}{'' if n >= 3 else ' so far'}"
-
-        def where(a):
-            return "at the unmitigated cost" if free(rows, regime, a) else f"at {_cost(rows, regime, a)}"
-        if winners:  # the cheapest on all three seeds first; a cheaper one on fewer seeds so far after it
-            done = [a for a in winners if _by(rows, regime, a, "prefix")["seeds"] >= 3]
-            a = done[0] if done else winners[0]
-            text = (f"- **{regime}**: the cheapest arm meeting the goal on every seed on both paddings is `{a}` "
-                    f"({seeds(a)}), {where(a)}.")
-            if winners[0] != a:
-                b = winners[0]
-                text += f" Cheaper and meeting it so far: `{b}` ({seeds(b)}), {where(b)}."
-        else:
-            text = f"- **{regime}**: no arm meets the goal on every seed on both paddings."
-        base = [_by(rows, regime, BASELINE_ARM, p) for p in PADS]
-        if any(r and r["goal_met"] for r in base):  # then the regime's weak phase is not every seed's to fix
-            text += (" The unmitigated model meets it on its own in " + ", ".join(
-                f"{r['goal_met']}/{r['seeds']} seeds {p.replace('_', '-')}" for r, p in zip(base, PADS) if r) + ".")
-        stacked = [(a, b) for a in arms for b in arms if a.startswith(b + "_") and a != b]
-        if stacked:
-            gains = []
-            for a, b in stacked:
-                r = [_by(rows, regime, x, "prefix") or {} for x in (a, b)]
-                now = f"{r[0]['acc_worst']:.2f}" if r[0].get("learned") else "did not learn"
-                gains.append(f"`{a[len(b) + 1:]}` on `{b}`: prefix worst {r[1].get('acc_worst', math.nan):.2f} -> "
-                             f"{now}")
-            text += " Gate terms stacked on a bridge (mean over the seeds scored): " + "; ".join(gains) + "."
-        out.append(text)
-    return out
 
 
 def mechanism_links(comp) -> list[str]:
@@ -232,53 +244,74 @@ def mechanism_links(comp) -> list[str]:
     return out
 
 
-def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
-    """The page's text (see the module docstring)."""
+def headline_rows(head, known: set[str]) -> list[dict]:
+    rows = []
+    for spec in head.tables:
+        folder, _, regimes = spec.partition(":")
+        wanted = [r for r in regimes.split("+") if r]
+        rows += [{**r, "arm": arm_name(r["arm"]), "table": r.get("table") or folder}
+                 for r in read_table(PROJECT_ROOT / folder) if not wanted or r["regime"] in wanted]
+    return [r for r in rows if r["arm"] in known]
+
+
+def comparison_section(comp, arms: Sequence[str]) -> list[str]:
+    """A comparison's own table (`out:`): how to re-run it, its matrix with costs, its mechanism figures, and the
+    arms its staged rule stopped."""
+    order = {r.name: i for i, r in enumerate(comp.regimes)}  # the file's order of regimes
+    rows = sorted(({**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out)),
+                  key=lambda r: order.get(r["regime"], len(order)))
+    rel = comp.out.relative_to(PROJECT_ROOT / "docs")
+    out = ["", f"## {comp.name}: {comp.description}", "",
+           f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table [{comp.out.relative_to(PROJECT_ROOT)}]"
+           f"({rel}/decisive.md)" + (f"; its cells scored on {comp.per_residue} prompts per residue (rows from other "
+                                     "tables: as those were)." if comp.per_residue else "."),
+           "Seeds meeting the goal / seeds scored (mean / worst phase / worst phase other than the boundary, over the "
+           "seeds that learned).", ""]
+    out += matrix(rows, arms, costs=True)
+    out += mechanism_links(comp)
+    if (comp.out / "stopped.md").is_file():
+        out += ["", f"The arms its staged rule stopped after their first seeds, and why: [stopped.md]({rel}/stopped.md)."]
+    return out
+
+
+def all_arms() -> list[str]:
+    """conf/arm/'s arms, the unmitigated one first."""
+    return [BASELINE_ARM] + [p.stem for p in sorted((CONF_DIR / "arm").glob("*.yaml")) if p.stem != BASELINE_ARM]
+
+
+def load(comparisons: Sequence[str | Path] | None = None) -> list:
+    """The comparison files (default: comparisons/*.yaml, by name)."""
     from phasefix.study.cells import load_comparison
 
     paths = [Path(p) for p in comparisons] if comparisons else sorted((PROJECT_ROOT / "comparisons").glob("*.yaml"))
-    comps = [load_comparison(p) for p in paths]
-    arms = [p.stem for p in sorted((CONF_DIR / "arm").glob("*.yaml"))]
-    arms = [BASELINE_ARM] + [a for a in arms if a != BASELINE_ARM]
-    known = set(arms)
+    return [load_comparison(p) for p in paths]
+
+
+def results_page(comps: Sequence, recs: Sequence) -> str:
+    """The page's text (see the module docstring) of the comparisons `comps` and their `recommendations`."""
+    arms = all_arms()
     head = next((c for c in comps if c.tables), None)
-    rows = [r for spec in (head.tables if head else []) for r in _rows(spec)]
-    rows = [r for r in rows if r["arm"] in known]
     out = ["# Results", "",
-           "Generated by `python -m phasefix.report results=docs/results.md` from the committed tables (each links",
-           "below; its `comparison.csv` names every run's command, commit, machine and time). Do not edit by hand;",
-           "the dated history of these studies is in docs/notebook/.", "",
-           f"**Goal**: on every seed, the worst phase is at least {GOAL_RATIO} x the mean, and the mean is at least "
-           "the", "unmitigated model's (same regime, same padding), on prefix and in-sequence filler.", ""]
+           "Generated by `python -m phasefix.results` from the committed tables (each links below; its "
+           "`comparison.csv` names", "every run's command, commit, machine and time). Do not edit by hand; the dated "
+           "history is in docs/notebook/.", "",
+           f"**Goal**, per seed: the worst phase is at least {GOAL_RATIO} x the mean and the mean is at least the "
+           "unmitigated model's", "(same regime and padding, its learned seeds), on prefix and in-sequence filler. "
+           "**Rule**: per regime, the arm whose", "share of seeds meeting the goal has the highest 95% Wilson lower "
+           "bound, then the least cost (cache bytes, entries,", f"compressor MACs), over every comparison's seeds; on "
+           f"fewer than {MIN_SEEDS} seeds it is provisional (phasefix.verdict).", "",
+           "## What to use", "",
+           "`python -m phasefix.fit regime=R arm=A seed=N`. Costs are per token, summed over layers, against "
+           "`baseline` (bytes: bf16).", ""]
+    out += answer(recs)
     if head:
-        out += ["## What to use", "",
-                "Per regime, the arm that meets the goal on the most seeds at the unmitigated model's cache entries",
-                f"per token (`python -m phasefix.fit regime=R arm=A seed=N`; comparisons/{head.path.name} re-runs "
-                "them all). Costs", "are per token, summed over layers; the change is against `baseline` "
-                "(bytes: bf16 entries).", ""]
-        out += answer(rows)
-        out += ["", "## Regime x arm", "",
-                "Seeds meeting the goal / seeds scored (mean / worst phase, over the seeds that learned).", ""]
-        out += matrix(rows, arms)
+        out += ["", f"## {head.name}: {head.description}", "",
+                f"`python -m phasefix.study spec=comparisons/{head.path.name}`. Seeds meeting the goal / seeds scored "
+                "(mean / worst phase, over", "the seeds that learned).", ""]
+        out += matrix(headline_rows(head, set(arms)), arms)
     for comp in comps:
-        if comp is head or comp.out is None or not (comp.out / "decisive.csv").is_file():
-            continue
-        order = {r.name: i for i, r in enumerate(comp.regimes)}  # the file's order of regimes
-        crows = sorted(({**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out / "decisive.csv")),
-                       key=lambda r: order.get(r["regime"], len(order)))
-        out += ["", f"## {comp.name}: {comp.description}", "",
-                f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table "
-                f"[{comp.out.relative_to(PROJECT_ROOT)}]({comp.out.relative_to(PROJECT_ROOT / 'docs')}/decisive.md)"
-                + (f"; its cells scored on {comp.per_residue} prompts per residue (rows from other tables: as "
-                   "those were)." if comp.per_residue else "."), ""]
-        out += verdicts(crows)
-        out += ["", "Seeds meeting the goal / seeds scored (mean / worst phase / worst phase other than the boundary, "
-                "over the seeds that", "learned); `cost`: compressor MACs and cache bytes per token against "
-                "`baseline`.", ""]
-        out += matrix(crows, arms, costs=True)
-        out += mechanism_links(comp)
-        if (comp.out / "stopped.md").is_file():
-            out += ["", "Stopped after the first seed:", "", *(comp.out / "stopped.md").read_text().splitlines()]
+        if comp is not head and comp.out is not None and has_table(comp.out):
+            out += comparison_section(comp, arms)
     out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "
             "S is the regime's stride.", "", "| arm | overrides |", "|---|---|"]
     out += [f"| `{a}` | `{arm_overrides(a)}` |" for a in arms]
@@ -288,19 +321,79 @@ def results_page(comparisons: Sequence[str | Path] | None = None) -> str:
             links = ", ".join(f"[{Path(t).name}]({Path(t).relative_to('docs')}/comparison.md)" for t in r.tables)
             out.append(f"- {r.name}: {links}")
         if head.out and (head.out / "headline.md").is_file():  # linked, not quoted: the page stays answer-first
-            from phasefix.comparison import ARM_NAMES
-
             rel = head.out.relative_to(PROJECT_ROOT / "docs")
             codes = ", ".join(f"{k} = `{v}`" for k, v in ARM_NAMES.items())
-            out += ["", f"The headline table, every padding with training time and lm_loss, as `python -m phasefix.report "
-                    f"tables=...` wrote it: [{rel}/headline.md]({rel}/headline.md) (arm codes of that time: {codes})."]
+            out += ["", f"The headline table, every padding with training time and lm_loss: [{rel}/headline.md]"
+                    f"({rel}/headline.md) (arm codes of that time: {codes})."]
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_results(path: str | Path, comparisons: Sequence[str | Path] | None = None) -> Path:
-    path = Path(path)
-    path.write_text(results_page(comparisons))
-    return path
+# ------------------------------------------------------------------------------------------------ the README's part
+def readme_part(recs) -> str:
+    """The README's list of the arm to use per regime, and its quick start, from the same recommendations as the
+    page: one line per (arm, rate, cost), the regimes it is recommended in."""
+    import textwrap
+
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for regime, rec, arms in recs:
+        if rec.arm not in (None, BASELINE_ARM):
+            cost = cost_text(arms[rec.arm][1], arms[BASELINE_ARM][1])
+            groups.setdefault((rec.arm, rec.rate.text(), cost), []).append(regime.label())
+    lines = ["The arm to use per regime, by [docs/results.md](docs/results.md)'s rule (the highest 95% Wilson lower "
+             "bound of the share", "of seeds meeting the goal, then the least cost; cost against the unmitigated "
+             "model):", ""]
+    for (arm, rate, cost), regimes in groups.items():
+        lines += textwrap.wrap(f"- **`arm={arm}`** ({cost}) in {', '.join(regimes)}: {'each ' * (len(regimes) > 1)}"
+                               f"{rate}", width=118, subsequent_indent="  ")
+    none = [regime.label() for regime, rec, _ in recs if rec.arm is None]
+    if none:
+        lines.append(f"- no arm meets it yet in {', '.join(none)}")
+    quick = next(((regime, rec) for regime, rec, _ in recs if regime == Regime(QUICK_START_REGIME)), None)
+    if quick and quick[1].arm is not None:
+        regime, rec = quick
+        lines += ["", "```bash",
+                  f"python -m phasefix.fit regime={regime.name} arm={BASELINE_ARM} seed=3   # the regime as it is: "
+                  "a weak phase",
+                  f"python -m phasefix.fit regime={regime.name} arm={rec.arm} seed=3   # the arm the rule picks",
+                  "python -m phasefix.study spec=comparisons/zero_cost.yaml workers=2   # a comparison: regimes x "
+                  "arms x seeds", "```"]
+    return "\n".join(lines) + "\n"
 
 
-__all__ = ["answer", "arm_overrides", "cache_bytes", "matrix", "results_page", "write_results"]
+def with_readme_part(text: str, part: str) -> str:
+    """README text with the part between README_START and README_END replaced by `part`."""
+    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    return text[:start] + "\n" + part + text[end:]
+
+
+def generate(comparisons: Sequence[str | Path] | None = None) -> tuple[str, str]:
+    """(the page, the README's part) of the comparison files, from one set of recommendations."""
+    comps = load(comparisons)
+    recs = recommendations(pooled_members(comps, set(all_arms())))
+    return results_page(comps, recs), readme_part(recs)
+
+
+def write(page: str | Path = PROJECT_ROOT / "docs" / "results.md", readme: str | Path = PROJECT_ROOT / "README.md",
+          comparisons: Sequence[str | Path] | None = None) -> list[Path]:
+    """Write the page and the README's part; returns the files written."""
+    page, readme = Path(page), Path(readme)
+    text, part = generate(comparisons)
+    page.write_text(text)
+    readme.write_text(with_readme_part(readme.read_text(), part))
+    return [page, readme]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m phasefix.results`: 0 written, 2 an argument (it takes none)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv:
+        print(f"python -m phasefix.results takes no argument (got {' '.join(argv)}): it writes docs/results.md and "
+              "the README's recommendation from the committed tables", file=sys.stderr)
+        return 2
+    for path in write():
+        print(f"written {path.relative_to(PROJECT_ROOT)} ({len(path.read_text().splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

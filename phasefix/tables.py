@@ -1,6 +1,7 @@
-"""Committed report folders, without MLflow: how a report writes its CSV tables (`write_csv`) and how a later
-report reads folders back, to grow a comparison with new runs (`join=`: `joined_rows`) or to gather the headline
-(`tables=`: `headline_from_tables`)."""
+"""Committed report folders, without MLflow: the one place that names their files (`SCORES_CSV`, `DECISIVE_CSV`, ...)
+and reads them back (`read_table`, `read_members`, `folder_members`), how a report writes its CSV tables
+(`write_csv`), and how a later report grows a comparison with new runs (`join=`: `joined_rows`) or gathers the
+headline (`tables=`: `headline_from_tables`)."""
 from __future__ import annotations
 
 import csv
@@ -9,7 +10,48 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phasefix import comparison
+from phasefix.comparison import MEMBER_TEXT, number
 from phasefix.errors import check
+from phasefix.verdict import BASELINE_ARM
+
+# The files of a committed report folder (`phasefix.report` writes them): every other module names them from here.
+SCORES_CSV = "comparison.csv"  # every run x padding: scores and provenance (command, commit, machine, time)
+DECISIVE_CSV = "decisive.csv"  # regime x arm x padding over seeds (`comparison.decisive_rows`)
+DECISIVE_RUNS_CSV = "decisive_runs.csv"  # each regime-tagged run x padding (`comparison.run_members`)
+HEADLINE_CSV = "headline.csv"  # each regime's baseline and best arm (`tables=`)
+STOPPED_MD = "stopped.md"  # the arms a staged comparison stopped after their first seeds
+INT_COLUMNS = ("seeds", "learned", "goal_met")
+TEXT_COLUMNS = ("regime", "arm", "padding", "run_ids", "table")
+
+
+def has_table(folder: str | Path) -> bool:
+    """Whether `folder` is a report folder with a regime x arm table."""
+    return (Path(folder) / DECISIVE_CSV).is_file()
+
+
+def read_table(folder: str | Path) -> list[dict]:
+    """The rows of a committed folder's `decisive.csv` as `decisive_rows` made them, so that `best_rows` and
+    `markdown` can build a headline from tables whose runs are no longer in MLflow."""
+    with open(Path(folder) / DECISIVE_CSV, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        row = {k: (v if k in TEXT_COLUMNS else int(v) if k in INT_COLUMNS else number(v)) for k, v in r.items()}
+        base = [b for b in rows if b["regime"] == r["regime"] and b["padding"] == r["padding"]
+                and b["arm"] == BASELINE_ARM]
+        for k in ("worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
+            row.setdefault(k + "_sd", math.nan)  # the table keeps the sd of mean and worst only
+        row["baseline_run"] = bool(base)
+        row["baseline_learned"] = bool(base) and int(base[0]["learned"]) > 0
+        out.append(row)
+    return out
+
+
+def read_members(folder: str | Path) -> list[dict]:
+    """The runs of a committed folder's `decisive_runs.csv` as `run_members` made them (learned back to a bool)."""
+    with open(Path(folder) / DECISIVE_RUNS_CSV, newline="") as f:
+        return [{k: (v == "True" if k == "learned" else v if k in MEMBER_TEXT else number(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
 
 
 def fmt(v, digits: int = 3) -> str:
@@ -46,14 +88,14 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
     from another table of an arm joined already, are skipped, not refused."""
     regimes, rows, members, taken = {r for r, _ in tagged} | set(regimes), [], [], {}
     for folder in specs:
-        path, runs_path = Path(folder) / "decisive.csv", Path(folder) / "decisive_runs.csv"
+        path, runs_path = Path(folder) / DECISIVE_CSV, Path(folder) / DECISIVE_RUNS_CSV
         check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        runs = [m for m in (comparison.read_members(runs_path) if runs_path.is_file() else ())
+        runs = [m for m in (read_members(folder) if runs_path.is_file() else ())
                 if m["regime"] in regimes]
         pooled = {(m["regime"], m["arm"]) for m in runs}
         if skip_known:
             runs = [m for m in runs if m["run_id"] not in selected and taken.get(m["run_id"], folder) == folder]
-        got = [r for r in comparison.read_table(path)
+        got = [r for r in read_table(folder)
                if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled
                and not any(r.get("table") and same_folder(r["table"], other) and not same_folder(other, folder)
                            for other in specs)]
@@ -80,29 +122,29 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
 
 
 def folder_members(folder: str | Path) -> list[dict]:
-    """The runs a committed report folder holds, one per run and padding, as `comparison.read_members` gives them:
+    """The runs a committed report folder holds, one per run and padding, as `read_members` gives them:
     its `decisive_runs.csv`, or for a folder written before that file, rebuilt from `decisive.csv` (which runs each
     regime x arm holds, and how many of them learned) and `comparison.csv` (each run's scores). Learned is a threshold
     on the prefix mean, so a row's learned runs are its `learned` highest prefix means. What comparison.csv has no
     column for (worst excluding the boundary, training time, lm_loss) is left nan; the costs are the arm's. A row that
     names another table (a joined one) is left to that table."""
     folder = Path(folder)
-    if (folder / "decisive_runs.csv").is_file():
-        return comparison.read_members(folder / "decisive_runs.csv")
-    if not ((folder / "decisive.csv").is_file() and (folder / "comparison.csv").is_file()):
+    if (folder / DECISIVE_RUNS_CSV).is_file():
+        return read_members(folder)
+    if not (has_table(folder) and (folder / SCORES_CSV).is_file()):
         return []
-    with open(folder / "comparison.csv", newline="") as f:
+    with open(folder / SCORES_CSV, newline="") as f:
         scores: dict[str, dict[str, dict]] = {}  # run id -> padding -> its comparison.csv row
         for s in csv.DictReader(f):
             scores.setdefault(s["run_id"], {})[s["padding"]] = s
     out = []
-    for row in comparison.read_table(folder / "decisive.csv"):
+    for row in read_table(folder):
         if row.get("table"):
             continue
         matches = [[rid for rid in scores if rid.startswith(short)] for short in row["run_ids"].split()]
         # a short id that no run of comparison.csv has (or two do) is left unlisted
         runs = [ids[0] for ids in matches if len(ids) == 1]
-        prefix = {rid: comparison.number(scores[rid].get("prefix", {}).get("acc_mean")) for rid in runs}
+        prefix = {rid: number(scores[rid].get("prefix", {}).get("acc_mean")) for rid in runs}
         learned = sorted((rid for rid in runs if not math.isnan(prefix[rid])), key=prefix.get,
                          reverse=True)[:row["learned"]]
         for rid in runs:
@@ -111,7 +153,7 @@ def folder_members(folder: str | Path) -> list[dict]:
                 continue
             out.append({"run_id": rid, "run_name": s["run_name"], "regime": row["regime"], "arm": row["arm"],
                         "padding": row["padding"], "learned": rid in learned,
-                        **{k: comparison.number(s[k])
+                        **{k: number(s[k])
                            for k in ("acc_mean", "acc_worst", "acc_gap", "period_detected")},
                         **{k: math.nan for k in ("worst_excl_boundary", "train_seconds", "lm_loss")},
                         **{k: row[k] for k in ("compressor_flops_per_token", "cache_entries_per_token")},
@@ -129,9 +171,9 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
     rows, source = [], {}
     for spec in specs:
         folder, _, regimes = spec.partition(":")
-        path = Path(folder) / "decisive.csv"
+        path = Path(folder) / DECISIVE_CSV
         check(path.is_file(), "tables", spec, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        table = comparison.read_table(path)
+        table = read_table(folder)
         present = list(dict.fromkeys(r["regime"] for r in table))
         wanted = [r for r in regimes.split("+") if r] or present
         missing = [r for r in wanted if r not in present]
@@ -146,11 +188,11 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
         rows += [{**r, "table": r.get("table") or folder} for r in got]  # a joined table names each row's own
     hrows = comparison.best_rows(rows)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "headline.csv", hrows, (*comparison.COLUMNS, "table"))
+    write_csv(out / HEADLINE_CSV, hrows, (*comparison.COLUMNS, "table"))
     (out / "headline.md").write_text(comparison.markdown(hrows))
     members, unlisted = headline_members(hrows, source)
     (out / "runs.md").write_text(headline_runs(members, unlisted, rows))
-    files = ["headline.csv", "headline.md", "runs.md"]
+    files = [HEADLINE_CSV, "headline.md", "runs.md"]
     bars = comparison.baseline_means(members, rows)
     for pad in PADDINGS:
         if any(m["padding"] == pad for m in members):

@@ -18,12 +18,6 @@ def _facts(regime, arm, learned):
             "cache_entries_per_token": 0.5}
 
 
-def test_learned_is_five_times_chance():
-    params = {"data.num_values": "32"}
-    assert comparison.chance(params) == 1 / 32
-    assert comparison.learned(5 / 32, params) and not comparison.learned(4.9 / 32, params)
-
-
 def test_boundary_residues_and_worst_excluding_them():
     assert comparison.boundary_residues(24, 4) == [3, 7, 11, 15, 19, 23]
     assert comparison.boundary_residues(24, 8) == [7, 15, 23]
@@ -151,7 +145,7 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     the first and w8s8 from the second, reads integers and blanks (nan) back, and refuses a regime named twice or
     absent."""
     from phasefix.errors import ConfigError
-    from phasefix.tables import headline_from_tables, write_csv
+    from phasefix.tables import headline_from_tables, read_table, write_csv
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
@@ -160,7 +154,7 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
                                    _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3),
                                    _drow("w8s8", "baseline", "prefix", 1, 0, 0.03, 0.0, 0)], comparison.COLUMNS)
-    back = [r for r in comparison.read_table(a / "decisive.csv") if r["regime"] == "w8s8"]
+    back = [r for r in read_table(a) if r["regime"] == "w8s8"]
     assert len(back) == 1 and back[0]["seeds"] == 1 and back[0]["learned"] == 0 and math.isnan(back[0]["lm_loss"])
     assert back[0]["baseline_run"] and not back[0]["baseline_learned"]
     files, hrows = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
@@ -305,36 +299,3 @@ def test_the_headline_figure_draws_each_regimes_runs_in_its_own_panel_and_counts
         assert sum(len(c.get_facecolors()) == 0 for c in drawn) == hollow  # not learned: no fill
         assert [t.get_text() for t in ax.texts] == [met]
     matplotlib.pyplot.close(fig)
-
-
-def test_a_comparisons_verdict_names_the_cheapest_arm_meeting_the_goal_and_what_a_gate_term_adds():
-    """w8s8 (S = 8, the tiny model: 33,792 compressor MACs per token): `spread` (same MACs) and `shift_spread`
-    (+1.5%) both meet the goal on every seed; `bridge` (W = 9: +12.5%) too; `shift_spread_head_coord` lowers the
-    prefix worst phase from 0.95 to 0.60. The cheapest is `spread`, at the unmitigated cost. With `spread` failing
-    one in-sequence seed, the cheapest is `shift_spread` (+1.5% MACs: still free by the <= +2% rule)."""
-    from phasefix.results import verdicts
-
-    def cell(arm, flops, goal=3, worst=0.95, pads=("prefix", "in_sequence")):
-        return [_drow("w8s8", arm, p, 3, 3, 0.97, worst, goal, flops=flops) for p in pads]
-    rows = (cell("baseline", 33792.0, goal=0, worst=0.2) + cell("bridge", 38016.0) + cell("spread", 33792.0)
-            + cell("shift_spread", 34304.0) + cell("shift_spread_head_coord", 34304.0, worst=0.6))
-    [line] = verdicts(rows)
-    assert line.startswith("- **w8s8**: the cheapest arm meeting the goal on every seed on both paddings is `spread` "
-                           "(3/3 seeds), at the unmitigated cost.")
-    assert "`head_coord` on `shift_spread`: prefix worst 0.95 -> 0.60" in line
-    unlearned = [{**r, "learned": 0, "goal_met": 0} if r["arm"] == "shift_spread_head_coord" else r for r in rows]
-    assert "`head_coord` on `shift_spread`: prefix worst 0.95 -> did not learn" in verdicts(unlearned)[0]
-    rows = [r if (r["arm"], r["padding"]) != ("spread", "in_sequence") else {**r, "goal_met": 2} for r in rows]
-    assert "is `shift_spread` (3/3 seeds), at the unmitigated cost." in verdicts(rows)[0]
-    rows = [r for r in rows if r["arm"] in ("baseline", "bridge")]
-    assert "is `bridge` (3/3 seeds), at MACs +12.5%, bytes same." in verdicts(rows)[0]
-    # a cheaper arm on its first seed only: the arm with all three seeds leads, the cheaper one follows, "so far"
-    rows += [_drow("w8s8", "spread", p, 1, 1, 0.97, 0.95, 1, flops=33792.0) for p in ("prefix", "in_sequence")]
-    [line] = verdicts(rows)
-    assert "is `bridge` (3/3 seeds), at MACs +12.5%, bytes same. Cheaper and meeting it so far: `spread` (1/1 seed " \
-           "so far), at the unmitigated cost." in line
-    assert "unmitigated model meets it on its own" not in line  # the baseline rows: goal met on 0 of 3
-    # an unmitigated model that meets it on some seeds (trained longer, say): the sentence says so, per padding
-    rows = [{**r, "goal_met": 1 if r["padding"] == "prefix" else 2} if r["arm"] == "baseline" else r for r in rows]
-    assert verdicts(rows)[0].endswith(" The unmitigated model meets it on its own in 1/3 seeds prefix, 2/3 seeds "
-                                      "in-sequence.")

@@ -55,18 +55,26 @@ def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
     assert seen >= 1  # docs/evaluate.md quotes its table
 
 
-def test_results_are_generated_and_open_with_the_answer():
-    """docs/results.md is the page `phasefix.report results=docs/results.md` writes from the committed tables (no
-    hand-copied figures), at most ~190 lines (its arm table lists every conf/arm); its first table is the answer (regime, arm to use, seeds, costs); every
-    table it links is committed."""
-    from phasefix.results import results_page
+def test_results_and_the_readme_are_generated_and_open_with_the_answer():
+    """docs/results.md and the README's arm list are what `python -m phasefix.results` writes from the committed
+    tables (no hand-copied figures), at most 150 and 120 lines; the page's first table is the answer (regime, the arm
+    the verdict recommends, its rate, its cost) and, with today's tables, names `spread` for w4s4_inseqfirst and
+    records64 (zero_cost's free arm on every seed); every table it links is committed."""
+    from phasefix.results import README_END, README_START, generate, with_readme_part
 
+    page, part = generate()
     results = (PROJECT_ROOT / "docs" / "results.md").read_text()
-    assert results == results_page(), "docs/results.md is stale: python -m phasefix.report results=docs/results.md"
-    assert len(results.splitlines()) <= 190
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    assert results == page, "docs/results.md is stale: python -m phasefix.results"
+    assert readme == with_readme_part(readme, part), "README.md's arm list is stale: python -m phasefix.results"
+    assert readme.count(README_START) == readme.count(README_END) == 1
+    assert len(results.splitlines()) <= 150 and len(readme.splitlines()) <= 120
     first_table = results[results.index("\n|") + 1:].splitlines()
     assert first_table[0].startswith("| regime | use | seeds meeting the goal")
-    assert "| w4s4 | `bridge_gate_diversity` | 3/3, 3/3 |" in results
+    for regime in ("w4s4_inseqfirst", "records64"):
+        assert any(line.startswith(f"| {regime} | `spread` | 3 of 3 seeds (95% CI 0.44-1.00)") for line in first_table)
+    assert "**`arm=spread`** (MACs same, bytes same) in records64, w4s4_inseqfirst" in part
+    assert not re.search(r"\b\d+/\d+\b", part)  # a rate is "k of n seeds (95% CI lo-hi)", never "3/3" alone
     for link in set(re.findall(r"\]\((figures/[^)]+)\)", results)):
         assert (PROJECT_ROOT / "docs" / link).is_file(), link
 

@@ -129,10 +129,10 @@ def test_seed_rows_group_runs_named_by_seed():
     by = {(r["config"], r["padding"]): r for r in seed_rows(rows)}
     assert set(by) == {("S4-base", "prefix"), ("S4-base", "in_sequence"), ("S4-hc", "prefix")}
     base = by[("S4-base", "prefix")]
-    assert base["seeds"] == 2 and base["goal_met"] == 1  # 0.55 >= 0.54; 0.4 < 0.72
+    assert base["seeds"] == 2 and base["flat"] == 1  # 0.55 >= 0.54; 0.4 < 0.72
     assert base["acc_mean"] == pytest.approx(0.7) and base["acc_mean_sd"] == pytest.approx(math.sqrt(0.02))
     assert base["train_seconds"] == pytest.approx(200.0) and math.isnan(base["lm_loss"])
-    assert math.isnan(by[("S4-hc", "prefix")]["acc_mean_sd"]) and by[("S4-hc", "prefix")]["goal_met"] == 1
+    assert math.isnan(by[("S4-hc", "prefix")]["acc_mean_sd"]) and by[("S4-hc", "prefix")]["flat"] == 1
     md = seeds_markdown(seed_rows(rows))
     assert "| S4-base | prefix | 2 | 0.700 ± 0.141 |" in md
 
@@ -405,13 +405,13 @@ def test_a_comparisons_copy_of_another_tables_row_gives_way_to_a_folder_joined_b
     comparison (skip_known), the copy gives way to b's row and the own arm stays; joined plainly, it is refused."""
     from phasefix import comparison
     from phasefix.errors import ConfigError
-    from phasefix.tables import joined_rows, write_csv
+    from phasefix.tables import joined_rows, read_table, write_csv
 
     rescored = committed_table(tmp_path / "b", [("w4s4", "baseline", 3, 0, 0.80, 0.25)])
     own = committed_table(tmp_path / "own", [("w4s4", "baseline", 3, 0, 0.79, 0.12),
                                              ("w4s4", "spread", 3, 3, 1.00, 0.99)])
     rows = [{**r, "table": str(tmp_path / "a") if r["arm"] == "baseline" else str(own)}
-            for r in comparison.read_table(own / "decisive.csv")]
+            for r in read_table(own)]
     write_csv(own / "decisive.csv", rows, comparison.COLUMNS + ("table",))
     got, _ = joined_rows([str(rescored), str(own)], set(), set(), ["w4s4"], skip_known=True)
     assert sorted((r["arm"], r["padding"], r["table"], r["acc_mean"]) for r in got) == [

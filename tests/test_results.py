@@ -33,3 +33,50 @@ def test_mechanism_links_one_line_per_regime_in_the_comparisons_order(tmp_path, 
         [("records64", ""), ("", "baseline-s0"), ("", "anchor-s0"), ("", "spread-s0")]]  # the unmitigated run first
     assert "[gates](figures/cmp/mechanism/records64-baseline-s0/gates.png)" in items[1]
     assert results.mechanism_links(SimpleNamespace(out=tmp_path / "docs" / "none", regimes=[])) == []
+
+
+def _member(run_id, seed, arm, pad, mean, worst, flops, learned=True):
+    return {"run_id": run_id, "run_name": f"w8-{arm}-s{seed}", "regime": "w8s8", "arm": arm, "padding": pad,
+            "learned": learned, "acc_mean": mean, "acc_worst": worst, "worst_excl_boundary": worst,
+            "acc_gap": mean - worst, "period_detected": 8, "train_seconds": 1.0, "lm_loss": float("nan"),
+            "compressor_flops_per_token": flops, "cache_entries_per_token": 0.5, "table": ""}
+
+
+def test_seeds_pool_across_comparisons_once_each_and_the_rule_picks_the_highest_lower_bound(tmp_path):
+    """Folder a (a headline table): the unmitigated w8s8 on seeds 0-2 (0.80 / 0.30: a weak phase) and `bridge` on
+    seeds 0-2 (0.95 / 0.93). Folder b (a comparison's own table) repeats baseline seed 0 (the same run) and has
+    `spread` on seeds 0-2, seed 1 missing the goal in-sequence (worst 0.50 < 0.9 x 0.95). Folder c re-scores bridge
+    seed 0 worse after a: it counts once, from a. By hand: baseline 0 of 3, bridge 3 of 3 (Wilson lower 0.44),
+    spread 2 of 3 (lower 0.21): bridge is recommended though it costs +12.5% MACs, and no arm is an alternative. The
+    same regime at 4,500 steps is its own row (its seeds are not the 3,000-step ones)."""
+    from types import SimpleNamespace
+
+    from phasefix import comparison, results
+    from phasefix.tables import write_csv
+
+    pads = ("prefix", "in_sequence")
+    a = [_member(f"b{s}", s, "baseline", p, 0.80, 0.30, 33792.0) for s in range(3) for p in pads]
+    a += [_member(f"r{s}", s, "bridge", p, 0.95, 0.93, 38016.0) for s in range(3) for p in pads]
+    b = [m for m in a if m["run_id"] == "b0"]
+    b += [_member(f"s{s}", s, "spread", p, 0.95, 0.50 if (s, p) == (1, "in_sequence") else 0.94, 33792.0)
+          for s in range(3) for p in pads]
+    c = [_member("r0-again", 0, "bridge", p, 0.95, 0.10, 38016.0) for p in pads]
+    for name, members in (("a", a), ("b", b), ("c", c), ("long", a)):
+        (tmp_path / name).mkdir()
+        write_csv(tmp_path / name / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)
+        write_csv(tmp_path / name / "decisive.csv", [], comparison.COLUMNS)
+    regime = SimpleNamespace(name="w8s8", steps=None, tables=[str(tmp_path / "c")])
+    comps = [SimpleNamespace(tables=[f"{tmp_path / 'a'}:w8s8"], regimes=[SimpleNamespace(name="w8s8", steps=None,
+                                                                                         tables=[])], out=None),
+             SimpleNamespace(tables=[], regimes=[regime], out=tmp_path / "b"),
+             SimpleNamespace(tables=[], regimes=[SimpleNamespace(name="w8s8", steps=4500, tables=[])],
+                             out=tmp_path / "long")]
+    pooled = results.pooled_members(comps, {"baseline", "bridge", "spread"})
+    assert list(pooled) == [results.Regime("w8s8"), results.Regime("w8s8", 4500)]
+    [(regime, rec, arms), (long, long_rec, _)] = results.recommendations(pooled)
+    assert {a: (r.k, r.n) for a, (r, _) in arms.items()} == {"baseline": (0, 3), "bridge": (3, 3), "spread": (2, 3)}
+    assert rec.arm == "bridge" and rec.alternatives == () and rec.rate.text().startswith("3 of 3 seeds (95% CI 0.44-")
+    assert long.label() == "w8s8 (4,500 steps)" and long_rec.arm == "bridge"  # the same runs: another regime's
+    [line] = [x for x in results.answer(results.recommendations(pooled)) if x.startswith("| w8s8 |")]
+    assert line == ("| w8s8 | `bridge` | 3 of 3 seeds (95% CI 0.44-1.00), provisional: < 8 | MACs +12.5%, bytes same "
+                    "| - |")

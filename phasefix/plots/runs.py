@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
-from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, boundary_residues
+from phasefix.comparison import boundary_residues
+from phasefix.verdict import BASELINE_ARM, GOAL_RATIO, member_meets_goal
 from phasefix.data.layout import PADDINGS
 
 # ------------------------------------------------------------------------------------------------ several runs
@@ -169,7 +170,6 @@ def headline_worst_vs_mean(members: Sequence[Mapping], bars: Mapping, padding: s
     against its mean, the unmitigated runs grey and the regime's best arm coloured (hollow: not learned), with the
     goal drawn as a region: worst >= 0.9 x mean (dashed) and mean >= the unmitigated mean (dotted, `bars`
     {(regime, padding): mean over the baseline's learned seeds}, as `comparison.baseline_means` gives them)."""
-    from phasefix.comparison import meets_goal
 
     members = [m for m in members if m["padding"] == padding and not math.isnan(m["acc_mean"])]
     regimes = list(dict.fromkeys(m["regime"] for m in members))
@@ -193,7 +193,7 @@ def headline_worst_vs_mean(members: Sequence[Mapping], bars: Mapping, padding: s
             color = "tab:grey" if m["arm"] == BASELINE_ARM else "tab:blue"
             ax.scatter(m["acc_mean"], m["acc_worst"], s=22, edgecolors=color, lw=1, alpha=0.85,
                        facecolors=color if m["learned"] else "none")
-        met = [meets_goal(m, bar) for m in runs if m["arm"] != BASELINE_ARM]
+        met = [member_meets_goal(m, bar) for m in runs if m["arm"] != BASELINE_ARM]
         ax.set_title(f"{regime}\n{', '.join(arms) or 'no arm'}", fontsize=7)
         ax.text(0.03, 0.97, f"goal met {sum(met)}/{len(met)}", ha="left", va="top", fontsize=6.5,
                 transform=ax.transAxes)

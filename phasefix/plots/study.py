@@ -6,6 +6,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from phasefix.verdict import GOAL_RATIO
+
 # ------------------------------------------------------------------------------------------------ studies, theory
 def _point_labels(points: dict[tuple[float, float], list[int]], near: float = 0.04,
                   right: float = 0.8) -> list[tuple]:
@@ -27,7 +29,7 @@ def _point_labels(points: dict[tuple[float, float], list[int]], near: float = 0.
 
 def study_pareto(spec, trials, front, baseline: tuple[float, float, int] | None = None):
     """A study's complete trials in objective space, the Pareto front (Optuna's `best_trials`) joined and labelled
-    with trial numbers (trials at the same values share one label), the goal line worst = 0.9 x mean when the
+    with trial numbers (trials at the same values share one label), the line worst = GOAL_RATIO x mean when the
     objectives are a padding's acc_mean and acc_worst, and `baseline` (mean, worst, seeds: the unmitigated model's
     mean over its confirm runs) as a star."""
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
@@ -55,11 +57,9 @@ def study_pareto(spec, trials, front, baseline: tuple[float, float, int] | None 
         goal = {mx.split("/")[-1], my.split("/")[-1]} == {"acc_mean", "acc_worst"}
         if goal:  # the goal worst >= 0.9 mean
             lo = min([t.values[0] for t in done] + [0.0])
-            line = [lo, 1.0]
-            if mx.endswith("acc_mean"):
-                ax.plot(line, [0.9 * v for v in line], ":", color="C2", lw=1, label="worst = 0.9 x mean")
-            else:
-                ax.plot([0.9 * v for v in line], line, ":", color="C2", lw=1, label="worst = 0.9 x mean")
+            line, ratio = [lo, 1.0], [GOAL_RATIO * v for v in [lo, 1.0]]
+            xy = (line, ratio) if mx.endswith("acc_mean") else (ratio, line)
+            ax.plot(*xy, ":", color="C2", lw=1, label=f"worst = {GOAL_RATIO} x mean")
         if baseline is not None and goal:
             bm, bw, n = baseline
             x, y = (bm, bw) if mx.endswith("acc_mean") else (bw, bm)

@@ -29,6 +29,7 @@ import yaml
 
 from phasefix.errors import ConfigError, check, check_choice
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
+from phasefix.tables import SCORES_CSV
 
 TOP_KEYS = ("name", "description", "base", "seeds", "regimes", "then", "per_residue", "tables", "out", "storage",
             "experiment_name", "tracking_uri")
@@ -157,7 +158,7 @@ def _parse(raw: dict, path: Path) -> Comparison:
         tables = r.get("table") or []
         tables = [tables] if isinstance(tables, str) else tables
         for table in tables:
-            check(isinstance(table, str) and (PROJECT_ROOT / table / "comparison.csv").is_file(),
+            check(isinstance(table, str) and (PROJECT_ROOT / table / SCORES_CSV).is_file(),
                   f"regimes.{rname}.table", table,
                   "must be a committed report folder (with comparison.csv) or a list of them, relative to the project")
         then = _seeds(f"regimes.{rname}.then", r["then"]) if r.get("then") is not None else None
@@ -213,7 +214,7 @@ def committed_runs(folder: str | Path) -> list[dict]:
     folder = Path(folder)
     if not folder.is_absolute():
         folder = PROJECT_ROOT / folder
-    with open(folder / "comparison.csv", newline="") as f:
+    with open(folder / SCORES_CSV, newline="") as f:
         rows = list(csv.DictReader(f))
     by_id: dict[str, dict] = {}
     for row in rows:

@@ -3,14 +3,14 @@ optimistically biased (it is the maximum over many noisy trials), so a claim res
 
 `python -m phasefix.study spec=studies/<name>.yaml confirm=3 [workers=2]`:
 
-- `top_trials`: the k best distinct complete, feasible trials: those meeting worst >= 0.9 x mean first, then by
+- `top_trials`: the k best distinct complete, feasible trials: the flat ones (`verdict.flat`) first, then by
   worst, then by mean (prefix padding, the study's objectives);
 - every (arm, seed) is one `phasefix.fit` run: the study's base, the trial's params as `suggest` turns them into
   overrides (the baseline: the study file's `confirm.baseline` overrides, the unmitigated model), seed from
   `confirm.seeds`, tagged `regime=<study>`, `arm=t<trial>` or `baseline`, `study_confirm=<study>`. A FINISHED run is
   kept, an interrupted one resumed from its checkpoint: rerunning the command continues;
-- the verdict is `phasefix.report`'s decisive table over those runs (learned, goal met against the baseline's mean
-  on the same seeds), written to `<reports>/confirm/` with the runs' phase curves and figures, and `arms.md` (each arm's
+- the verdict is `phasefix.report`'s decisive table over those runs (`phasefix.verdict`: learned, goal met against
+  the baseline's mean on the same seeds), written to `<reports>/confirm/` with the runs' phase curves and figures, and `arms.md` (each arm's
   overrides and its result in the study).
 """
 from __future__ import annotations
@@ -20,11 +20,12 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from phasefix.comparison import BASELINE_ARM, GOAL_RATIO, markdown
+from phasefix.comparison import markdown
 from phasefix.errors import check
 from phasefix.run import checkpoint_path
 from phasefix.study.report import feasible
 from phasefix.study.spec import StudySpec, sampled_params
+from phasefix.verdict import BASELINE_ARM, flat
 
 MEAN, WORST = "final/prefix/acc_mean", "final/prefix/acc_worst"
 
@@ -37,7 +38,7 @@ def top_trials(spec: StudySpec, study, k: int) -> list:
 
     def rank(t):
         mean, worst = t.values[i_mean], t.values[i_worst]
-        return (worst >= GOAL_RATIO * mean, worst, mean, -t.number)
+        return (flat(mean, worst), worst, mean, -t.number)
 
     done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and feasible(t) is not False]
     out, seen = [], set()

@@ -52,30 +52,24 @@ def run_grid(comp: Comparison, grid: list[Cell], stage: str, workers: int, fit_f
 
 
 def qualifies(comp: Comparison, first: dict, cell_regime: str, arm: str) -> tuple[bool, str]:
-    """Whether an arm goes on to the `then` seeds: every first seed learned (prefix mean >= LEARNED_FACTOR x
-    chance) and its mean prefix mean is not below the unmitigated arm's; (yes or no, why)."""
-    from phasefix.comparison import BASELINE_ARM, LEARNED_FACTOR
+    """Whether an arm goes on to the `then` seeds (`verdict.qualifies`, on the prefix means of its first seeds and
+    the unmitigated arm's); (yes or no, why)."""
+    from phasefix import verdict
     from phasefix.fit import compose
 
     r = next(x for x in comp.regimes if x.name == cell_regime)
-    chance = 1.0 / compose([f"regime={cell_regime}"]).data.num_values
+
     def means(a):
         return [first.get(Cell(r.name, a, s, r.steps).name, {}).get("final/prefix/acc_mean", math.nan)
                 for s in r.seeds]
-    mine, base = means(arm), means(BASELINE_ARM)
-    if arm == BASELINE_ARM:
-        return True, "the unmitigated reference"
-    if not all(m >= LEARNED_FACTOR * chance for m in mine):
-        return False, "did not learn on its first seed(s)"
-    if base and not any(math.isnan(b) for b in base) and sum(mine) / len(mine) < sum(base) / len(base):
-        return False, "mean below the unmitigated mean"
-    return True, "learned, mean not below the unmitigated mean"
+    return verdict.qualifies(arm, means(arm), means(verdict.BASELINE_ARM),
+                             compose([f"regime={cell_regime}"]).data.num_values)
 
 
 def narrow(comp: Comparison, only: list[str]) -> Comparison:
     """The slice of `comp` that `only` names (`REGIME` or `REGIME/ARM`; a regime's baseline stays, as the bar its
     arms are judged against): the same comparison (name, MLflow tag, storage) with fewer cells."""
-    from phasefix.comparison import BASELINE_ARM
+    from phasefix.verdict import BASELINE_ARM
 
     arms = {r.name: r.arms for r in comp.regimes}
     for item in only:
@@ -183,7 +177,7 @@ def join_folders(comp: Comparison, selected: set[str]) -> list[str]:
     tables so far), in that order; a folder is left out when its runs are all among the `selected` ones (this store
     has them) or when every (regime, arm) it holds came from a folder before it (a re-scoring of the same runs). Runs
     a later folder repeats (the comparison's own tables pool the others') are skipped by the join."""
-    from phasefix import comparison
+    from phasefix.tables import DECISIVE_RUNS_CSV, has_table, read_members, read_table
 
     names = {r.name for r in comp.regimes}
     own = [Path(comp.out).resolve()] if comp.out else []
@@ -191,11 +185,11 @@ def join_folders(comp: Comparison, selected: set[str]) -> list[str]:
                if p not in own] + own  # its own tables last: they repeat what the others hold
     chosen, seen = [], set()
     for path in folders:
-        if not (path / "decisive.csv").is_file():
+        if not has_table(path):
             continue
-        runs = [m for m in (comparison.read_members(path / "decisive_runs.csv")
-                            if (path / "decisive_runs.csv").is_file() else ()) if m["regime"] in names]
-        keys = {(r["regime"], r["arm"]) for r in comparison.read_table(path / "decisive.csv") if r["regime"] in names}
+        runs = [m for m in (read_members(path) if (path / DECISIVE_RUNS_CSV).is_file() else ())
+                if m["regime"] in names]
+        keys = {(r["regime"], r["arm"]) for r in read_table(path) if r["regime"] in names}
         if not keys or (runs and {m["run_id"] for m in runs} <= selected) or keys <= seen:
             continue
         chosen.append(os.path.relpath(path))  # as the tables name it: docs/figures/<name> from the repository
@@ -240,7 +234,9 @@ def write_stopped(comp: Comparison, stopped: dict) -> None:
     quotes it); none left: no file (an older one would name arms that went on)."""
     if comp.out is None:
         return
-    path = comp.out / "stopped.md"
+    from phasefix.tables import STOPPED_MD
+
+    path = comp.out / STOPPED_MD
     if not stopped:
         path.unlink(missing_ok=True)
         return
@@ -253,10 +249,11 @@ def stopped_in_tables(comp: Comparison) -> dict:
     stops (`qualifies`): those whose first seeds are all scored there, none of their `then` seeds is, and that do not
     qualify; nothing for a comparison without `then`. So cells run outside the study (by hand, or a slice on another
     machine) say why an arm has one seed."""
-    from phasefix.comparison import BASELINE_ARM
     from phasefix.study.cells import committed_runs
+    from phasefix.tables import SCORES_CSV
+    from phasefix.verdict import BASELINE_ARM
 
-    if not comp.staged or comp.out is None or not (comp.out / "comparison.csv").is_file():
+    if not comp.staged or comp.out is None or not (comp.out / SCORES_CSV).is_file():
         return {}
     runs = {run["run_id"]: run for run in committed_runs(comp.out)}
     for r in comp.regimes:  # the regimes' own folders: their unmitigated runs, the bar

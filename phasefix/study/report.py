@@ -252,15 +252,16 @@ def confirmed_baseline(out: Path) -> tuple[float, float, int] | None:
     decisive.csv), None before it exists or when its baseline learned in no seed."""
     import math
 
-    path = out / "confirm" / "decisive.csv"
-    if not path.exists():
+    from phasefix.tables import has_table, read_table
+    from phasefix.verdict import BASELINE_ARM
+
+    if not has_table(out / "confirm"):
         return None
-    with open(path, newline="") as f:
-        row = next((r for r in csv.DictReader(f) if r["arm"] == "baseline" and r["padding"] == "prefix"), None)
-    if row is None or not row["learned"] or int(row["learned"]) == 0:
+    row = next((r for r in read_table(out / "confirm") if r["arm"] == BASELINE_ARM and r["padding"] == "prefix"),
+               None)
+    if row is None or not row["learned"]:
         return None
-    mean, worst = float(row["acc_mean"]), float(row["acc_worst"])
-    return None if math.isnan(mean) else (mean, worst, int(row["learned"]))
+    return None if math.isnan(row["acc_mean"]) else (row["acc_mean"], row["acc_worst"], row["learned"])
 
 
 def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: bool = False) -> dict:
