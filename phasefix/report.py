@@ -9,7 +9,7 @@ outputs/reports/<date>-<time>):
                                    detected period, per run and padding
   seeds.csv / seeds.md             the same aggregated over seeds: runs named `<config>-s<seed>` grouped by
                                    `<config>` and padding, mean and sd of each metric, train time, lm_loss, run ids
-  phase_curves.png                 the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
+  phase_curves.png / .csv          the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
   decisive.csv / decisive.md       runs tagged `regime` and `arm`: one row per regime, arm and padding over the seeds
                                    that learned, goal met, costs (phasefix.comparison); headline.md: each regime's
                                    baseline and best arm at equal cache entries per token. An evaluate run of such
@@ -69,8 +69,8 @@ from phasefix.comparison import number, scored_prompts
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 from phasefix.quotes import inside, quotes, refresh_quotes
-from phasefix.tables import (DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, fmt, headline_from_tables, joined_rows,
-                             write_csv)
+from phasefix.tables import (CURVES_CSV, DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, fmt, headline_from_tables,
+                             joined_rows, write_csv, write_curves)
 from phasefix.verdict import GOAL_RATIO, flat
 
 KINDS = ("fit", "evaluate")
@@ -405,7 +405,8 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
     if rows:
         write_csv(out / SCORES_CSV, rows, COLUMNS)
         plots.save(plots.runs_phase_curves(rows, curves), out / "phase_curves.png")
-        files += [SCORES_CSV, "phase_curves.png"]
+        write_curves(out, {k: v for k, v in curves.items() if v})
+        files += [SCORES_CSV, "phase_curves.png", CURVES_CSV]
         srows = seed_rows(rows)
         write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "flat",
                                              *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from phasefix import verdict
 from phasefix.comparison import ARM_NAMES, arm_name
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
-from phasefix.tables import folder_members, has_table, read_table
+from phasefix.tables import CURVES_CSV, folder_members, has_table, read_curves, read_members, read_table
 from phasefix.verdict import BASELINE_ARM, GOAL_RATIO, MIN_SEEDS, Cost, Rate
 
 PADS = ("prefix", "in_sequence")
@@ -31,6 +31,8 @@ BYTES_PER_VALUE = 2  # a cache entry's vectors stored in bf16
 SEED = re.compile(r"-s(\d+)(?:-|$)")  # a run's seed in its name: <config>-s<seed>[-<suffix>]
 README_START, README_END = "<!-- results: python -m phasefix.results -->", "<!-- /results -->"
 QUICK_START_REGIME = "w4s4"  # the README's quick start and picture: the CPU default's shape, 1,200 steps
+FIGURE_DIR = PROJECT_ROOT / "docs" / "figures" / "readme"  # the picture's runs (phasefix.report out=), its PNG
+FIGURE = "fix.png"
 
 
 def arm_overrides(arm: str) -> str:
@@ -329,34 +331,60 @@ def results_page(comps: Sequence, recs: Sequence) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the README's part
-def readme_part(recs) -> str:
+def readme_figure(recs, folder: Path = FIGURE_DIR):
+    """The README's picture: in QUICK_START_REGIME, the unmitigated run's phase curve beside the recommended arm's,
+    from the runs committed in `folder` (its decisive_runs.csv and phase_curves.csv); None when the folder has no
+    run of either."""
+    from phasefix import plots
+    from phasefix.cli import compose
+
+    rec = next((rec for regime, rec, _ in recs if regime == Regime(QUICK_START_REGIME)), None)
+    if rec is None or rec.arm is None or not (folder / CURVES_CSV).is_file():
+        return None
+    members = [m for m in read_members(folder) if m["regime"] == QUICK_START_REGIME]
+    runs = {arm: sorted((m for m in members if m["arm"] == arm), key=lambda m: m["run_name"])
+            for arm in (BASELINE_ARM, rec.arm)}
+    if not all(runs.values()):
+        return None
+    curves, titles = read_curves(folder), {}
+    for arm, ms in runs.items():
+        first = next(m for m in ms if m["padding"] == "prefix")
+        titles[first["run_id"]] = (f"{QUICK_START_REGIME}, arm={arm} ({first['run_name']}): prefix mean "
+                                   f"{first['acc_mean']:.2f}, worst {first['acc_worst']:.2f}")
+    shown = {f"{rid} {pad}": curve for (rid, pad), curve in curves.items() if rid in titles}
+    return plots.fix_side_by_side(shown, titles, compose([f"regime={QUICK_START_REGIME}"]).model.stride)
+
+
+def readme_part(recs, figure: bool = False) -> str:
     """The README's list of the arm to use per regime, and its quick start, from the same recommendations as the
     page: one line per (arm, rate, cost), the regimes it is recommended in."""
     import textwrap
 
-    groups: dict[tuple[str, str, str], list[str]] = {}
+    groups: dict[tuple[bool, str, str, str], list[str]] = {}  # the free arms first
     for regime, rec, arms in recs:
         if rec.arm not in (None, BASELINE_ARM):
-            cost = cost_text(arms[rec.arm][1], arms[BASELINE_ARM][1])
-            groups.setdefault((rec.arm, rec.rate.text(), cost), []).append(regime.label())
-    lines = ["The arm to use per regime, by [docs/results.md](docs/results.md)'s rule (the highest 95% Wilson lower "
-             "bound of the share", "of seeds meeting the goal, then the least cost; cost against the unmitigated "
-             "model):", ""]
-    for (arm, rate, cost), regimes in groups.items():
+            mine, base = arms[rec.arm][1], arms[BASELINE_ARM][1]
+            key = (not verdict.free(mine, base), rec.arm, rec.rate.text(), cost_text(mine, base))
+            groups.setdefault(key, []).append(regime.label())
+    lines = ["The arm per regime by [docs/results.md](docs/results.md)'s rule (highest Wilson lower bound, then "
+             "least cost):", ""]
+    for (_, arm, rate, cost), regimes in sorted(groups.items(), key=lambda kv: kv[0][0]):
         lines += textwrap.wrap(f"- **`arm={arm}`** ({cost}) in {', '.join(regimes)}: {'each ' * (len(regimes) > 1)}"
                                f"{rate}", width=118, subsequent_indent="  ")
     none = [regime.label() for regime, rec, _ in recs if rec.arm is None]
     if none:
         lines.append(f"- no arm meets it yet in {', '.join(none)}")
     quick = next(((regime, rec) for regime, rec, _ in recs if regime == Regime(QUICK_START_REGIME)), None)
+    if figure:
+        lines += ["", f"![{QUICK_START_REGIME}: the unmitigated model's phase curve beside the recommended arm's]"
+                      f"({FIGURE_DIR.relative_to(PROJECT_ROOT)}/{FIGURE})"]
     if quick and quick[1].arm is not None:
         regime, rec = quick
         lines += ["", "```bash",
                   f"python -m phasefix.fit regime={regime.name} arm={BASELINE_ARM} seed=3   # the regime as it is: "
                   "a weak phase",
                   f"python -m phasefix.fit regime={regime.name} arm={rec.arm} seed=3   # the arm the rule picks",
-                  "python -m phasefix.study spec=comparisons/zero_cost.yaml workers=2   # a comparison: regimes x "
-                  "arms x seeds", "```"]
+                  "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -366,21 +394,28 @@ def with_readme_part(text: str, part: str) -> str:
     return text[:start] + "\n" + part + text[end:]
 
 
-def generate(comparisons: Sequence[str | Path] | None = None) -> tuple[str, str]:
-    """(the page, the README's part) of the comparison files, from one set of recommendations."""
+def generate(comparisons: Sequence[str | Path] | None = None, folder: Path = FIGURE_DIR) -> tuple[str, str, object]:
+    """(the page, the README's part, its figure or None) of the comparison files, from one set of
+    recommendations."""
     comps = load(comparisons)
     recs = recommendations(pooled_members(comps, set(all_arms())))
-    return results_page(comps, recs), readme_part(recs)
+    fig = readme_figure(recs, folder)
+    return results_page(comps, recs), readme_part(recs, figure=fig is not None), fig
 
 
 def write(page: str | Path = PROJECT_ROOT / "docs" / "results.md", readme: str | Path = PROJECT_ROOT / "README.md",
           comparisons: Sequence[str | Path] | None = None) -> list[Path]:
-    """Write the page and the README's part; returns the files written."""
+    """Write the page, the README's part and its figure; returns the files written."""
+    from phasefix import plots
+
     page, readme = Path(page), Path(readme)
-    text, part = generate(comparisons)
+    text, part, fig = generate(comparisons)
     page.write_text(text)
     readme.write_text(with_readme_part(readme.read_text(), part))
-    return [page, readme]
+    if fig is None:
+        return [page, readme]
+    plots.save(fig, FIGURE_DIR / FIGURE)
+    return [page, readme, FIGURE_DIR / FIGURE]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,7 @@ DECISIVE_CSV = "decisive.csv"  # regime x arm x padding over seeds (`comparison.
 DECISIVE_RUNS_CSV = "decisive_runs.csv"  # each regime-tagged run x padding (`comparison.run_members`)
 HEADLINE_CSV = "headline.csv"  # each regime's baseline and best arm (`tables=`)
 STOPPED_MD = "stopped.md"  # the arms a staged comparison stopped after their first seeds
+CURVES_CSV = "phase_curves.csv"  # each run's phase curve per padding: accuracy by residue
 INT_COLUMNS = ("seeds", "learned", "goal_met")
 TEXT_COLUMNS = ("regime", "arm", "padding", "run_ids", "table")
 
@@ -71,6 +72,22 @@ def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> No
         w.writeheader()
         for row in rows:
             w.writerow({k: fmt(row.get(k, ""), 0 if k == "period_detected" else 6) for k in columns})
+
+
+def write_curves(folder: Path, curves: Mapping[tuple[str, str], Sequence[float]]) -> None:
+    """`curves` {(run_id, padding): accuracy by residue} as the folder's phase_curves.csv, one row per residue."""
+    rows = [{"run_id": rid, "padding": pad, "residue": r, "accuracy": float(a)}
+            for (rid, pad), curve in curves.items() for r, a in enumerate(curve)]
+    write_csv(folder / CURVES_CSV, rows, ("run_id", "padding", "residue", "accuracy"))
+
+
+def read_curves(folder: str | Path) -> dict[tuple[str, str], list[float]]:
+    """A folder's phase_curves.csv back as {(run_id, padding): accuracy by residue}."""
+    out: dict[tuple[str, str], list[float]] = {}
+    with open(Path(folder) / CURVES_CSV, newline="") as f:
+        for r in csv.DictReader(f):
+            out.setdefault((r["run_id"], r["padding"]), []).append(number(r["accuracy"]))
+    return out
 
 
 def same_folder(a: str | Path, b: str | Path) -> bool:

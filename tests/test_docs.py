@@ -55,14 +55,14 @@ def test_every_quote_in_the_docs_is_its_file_as_the_report_wrote_it():
     assert seen >= 1  # docs/evaluate.md quotes its table
 
 
-def test_results_and_the_readme_are_generated_and_open_with_the_answer():
+def test_results_and_the_readme_are_generated_and_open_with_the_answer(tmp_path):
     """docs/results.md and the README's arm list are what `python -m phasefix.results` writes from the committed
     tables (no hand-copied figures), at most 150 and 120 lines; the page's first table is the answer (regime, the arm
     the verdict recommends, its rate, its cost) and, with today's tables, names `spread` for w4s4_inseqfirst and
     records64 (zero_cost's free arm on every seed); every table it links is committed."""
     from phasefix.results import README_END, README_START, generate, with_readme_part
 
-    page, part = generate()
+    page, part, fig = generate()
     results = (PROJECT_ROOT / "docs" / "results.md").read_text()
     readme = (PROJECT_ROOT / "README.md").read_text()
     assert results == page, "docs/results.md is stale: python -m phasefix.results"
@@ -74,7 +74,13 @@ def test_results_and_the_readme_are_generated_and_open_with_the_answer():
     for regime in ("w4s4_inseqfirst", "records64"):
         assert any(line.startswith(f"| {regime} | `spread` | 3 of 3 seeds (95% CI 0.44-1.00)") for line in first_table)
     assert "**`arm=spread`** (MACs same, bytes same) in records64, w4s4_inseqfirst" in part
-    assert not re.search(r"\b\d+/\d+\b", part)  # a rate is "k of n seeds (95% CI lo-hi)", never "3/3" alone
+    assert not re.search(r"\b\d+ ?/ ?\d+\b", part)  # a rate is "k of n seeds (95% CI lo-hi)", never "3/3" alone
+    if fig is not None:  # the README's picture is drawn from its committed runs, byte for byte
+        from phasefix import plots
+        from phasefix.results import FIGURE, FIGURE_DIR
+
+        plots.save(fig, tmp_path / FIGURE)
+        assert (tmp_path / FIGURE).read_bytes() == (FIGURE_DIR / FIGURE).read_bytes(), "python -m phasefix.results"
     for link in set(re.findall(r"\]\((figures/[^)]+)\)", results)):
         assert (PROJECT_ROOT / "docs" / link).is_file(), link
 

@@ -80,3 +80,30 @@ def test_seeds_pool_across_comparisons_once_each_and_the_rule_picks_the_highest_
     [line] = [x for x in results.answer(results.recommendations(pooled)) if x.startswith("| w8s8 |")]
     assert line == ("| w8s8 | `bridge` | 3 of 3 seeds (95% CI 0.44-1.00), provisional: < 8 | MACs +12.5%, bytes same "
                     "| - |")
+
+
+def test_the_readme_figure_draws_the_committed_curves_of_the_unmitigated_run_and_the_recommended_arm(tmp_path):
+    """A folder as `phasefix.report out=` leaves it (decisive_runs.csv, phase_curves.csv: written and read back by
+    tables.write_curves / read_curves): the unmitigated w4s4 run dips at the boundary phase 3, the arm's is flat; the
+    figure has one panel per run, the unmitigated first, each drawing the curves it was given."""
+    import matplotlib
+
+    from phasefix import comparison, results, verdict
+    from phasefix.tables import read_curves, write_csv, write_curves
+
+    dip, flat = [1.0, 1.0, 1.0, 0.2] * 6, [1.0] * 24
+    members = [{**_member("base0", 3, "baseline", p, 0.8, 0.2, 33792.0), "regime": "w4s4"} for p in ("prefix",)]
+    members += [{**_member("arm0", 3, "bridge_gate_diversity", "prefix", 1.0, 1.0, 42240.0), "regime": "w4s4"}]
+    write_csv(tmp_path / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)
+    write_curves(tmp_path, {("base0", "prefix"): dip, ("arm0", "prefix"): flat})
+    assert read_curves(tmp_path) == {("base0", "prefix"): dip, ("arm0", "prefix"): flat}
+    rec = verdict.recommend({"baseline": (verdict.Rate(0, 3), verdict.Cost(128, 1, 33792)),
+                             "bridge_gate_diversity": (verdict.Rate(3, 3), verdict.Cost(128, 1, 42240))})
+    fig = results.readme_figure([(results.Regime("w4s4"), rec, {})], tmp_path)
+    left, right = fig.axes
+    assert left.get_title().startswith("w4s4, arm=baseline") and right.get_title().startswith(
+        "w4s4, arm=bridge_gate_diversity")
+    assert [list(line.get_ydata()) for line in left.lines] == [dip]
+    assert [list(line.get_ydata()) for line in right.lines] == [flat]
+    matplotlib.pyplot.close(fig)
+    assert results.readme_figure([(results.Regime("w4s4"), rec, {})], tmp_path / "none") is None

@@ -10,7 +10,8 @@ modules: `run` (one run and its probes), `runs` (several runs), `study` (studies
   imports nothing from phasefix.analyze or phasefix.evaluate (they import plots);
 - several runs (`phasefix.report.collect`'s rows and curves, `phasefix.comparison.run_facts` per run): overlaid
   phase curves, the Pareto front of study members, the decisive comparison's small multiples (`phase_grid`),
-  worst-vs-mean scatter and training losses; the headline's runs by regime (`headline_worst_vs_mean`); two audits
+  worst-vs-mean scatter and training losses; the headline's runs by regime (`headline_worst_vs_mean`); an
+  unmitigated run's phase curve beside the recommended arm's (`fix_side_by_side`: the README's figure); two audits
   of the same prompts (`side_by_side`, phasefix.side_by_side's rows);
 - a study's trials and Pareto front (`study_pareto`); the idealised induction model (`theory_gates`).
 """
@@ -34,11 +35,11 @@ def save(fig, path: str | Path) -> None:
 from phasefix.plots.run import (audit_phase_heatmap, cycle_prediction, flip_curve, gate_heatmap,  # noqa: E402
                                 gate_stats_heatmap, knockout_heatmap, period_curve, phase_curves,
                                 phase_grid_heatmap)
-from phasefix.plots.runs import (headline_worst_vs_mean, loss_curves, phase_grid, runs_pareto,  # noqa: E402
-                                 runs_phase_curves, side_by_side, worst_vs_mean)
+from phasefix.plots.runs import (fix_side_by_side, headline_worst_vs_mean, loss_curves, phase_grid,  # noqa: E402
+                                 runs_pareto, runs_phase_curves, side_by_side, worst_vs_mean)
 from phasefix.plots.study import study_pareto, theory_gates  # noqa: E402
 
-__all__ = ["audit_phase_heatmap", "cycle_prediction", "flip_curve", "gate_heatmap", "gate_stats_heatmap",
-           "headline_worst_vs_mean", "knockout_heatmap", "loss_curves", "period_curve", "phase_curves", "phase_grid",
+__all__ = ["audit_phase_heatmap", "cycle_prediction", "fix_side_by_side", "flip_curve", "gate_heatmap",
+           "gate_stats_heatmap", "headline_worst_vs_mean", "knockout_heatmap", "loss_curves", "period_curve", "phase_curves", "phase_grid",
            "phase_grid_heatmap", "runs_pareto", "runs_phase_curves", "save", "side_by_side", "study_pareto",
            "theory_gates", "worst_vs_mean"]

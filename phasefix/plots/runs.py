@@ -279,3 +279,31 @@ def side_by_side(rows: Sequence[Mapping], names: Sequence[str]):
         ax.set_title(label, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def fix_side_by_side(curves: Mapping[str, Sequence[float]], titles: Mapping[str, str], stride: int):
+    """The phenomenon and the fix: one panel per run (the unmitigated model first), its phase curve per padding
+    (`curves` {label: curve}, labels `<run> <padding>`), the boundary phase S-1 shaded and the weakest residue
+    marked; `titles` {run: panel title}."""
+    runs = list(titles)
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 2.9), sharey=True, squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        for pad, color in zip(PADDINGS, ("tab:blue", "tab:orange")):
+            curve = curves.get(f"{run} {pad}")
+            if not curve:
+                continue
+            ax.plot(range(len(curve)), curve, marker="o", ms=3, lw=1.2, color=color, label=f"{pad} padding")
+            weak = min(range(len(curve)), key=curve.__getitem__)
+            ax.annotate(f"{curve[weak]:.2f}", (weak, curve[weak]), fontsize=7, color=color, xytext=(3, -9),
+                        textcoords="offset points")
+        n = max((len(curves.get(f"{run} {p}") or []) for p in PADDINGS), default=0)
+        for r in boundary_residues(n, stride):
+            ax.axvspan(r - 0.5, r + 0.5, color="grey", alpha=0.15, lw=0)
+        ax.set_title(titles[run], fontsize=8)
+        ax.set_xlabel(f"residue of the target key (shaded: phase {stride - 1}, the boundary)", fontsize=7)
+        ax.set_ylim(-0.02, 1.05)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_ylabel("accuracy", fontsize=8)
+    axes[0, 0].legend(fontsize=7, loc="lower left", frameon=False)
+    fig.tight_layout()
+    return fig
