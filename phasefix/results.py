@@ -349,8 +349,8 @@ def readme_figure(recs, folder: Path = FIGURE_DIR):
     curves, titles = read_curves(folder), {}
     for arm, ms in runs.items():
         first = next(m for m in ms if m["padding"] == "prefix")
-        titles[first["run_id"]] = (f"{QUICK_START_REGIME}, arm={arm} ({first['run_name']}): prefix mean "
-                                   f"{first['acc_mean']:.2f}, worst {first['acc_worst']:.2f}")
+        titles[first["run_id"]] = (f"{QUICK_START_REGIME}, arm={arm} ({first['run_name']})\nprefix padding: mean "
+                                   f"{first['acc_mean']:.2f}, worst phase {first['acc_worst']:.2f}")
     shown = {f"{rid} {pad}": curve for (rid, pad), curve in curves.items() if rid in titles}
     return plots.fix_side_by_side(shown, titles, compose([f"regime={QUICK_START_REGIME}"]).model.stride)
 
@@ -426,7 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "the README's recommendation from the committed tables", file=sys.stderr)
         return 2
     for path in write():
-        print(f"written {path.relative_to(PROJECT_ROOT)} ({len(path.read_text().splitlines())} lines)")
+        size = f"{len(path.read_text().splitlines())} lines" if path.suffix == ".md" else f"{path.stat().st_size:,} bytes"
+        print(f"written {path.relative_to(PROJECT_ROOT)} ({size})")
     return 0
 
 
