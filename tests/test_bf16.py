@@ -281,5 +281,7 @@ def test_bad_compile_is_a_config_error():
 
     with pytest.raises(ConfigError, match=r"trainer\.compile='yes please' is invalid: must be true, false or auto"):
         validate_trainer(TrainerConfig(compile="yes please"))
-    with pytest.raises(ConfigError, match=r"trainer\.compile"):  # from the command line: refused while composing
-        compose(["trainer.compile=maybe"], "fit")
+    from phasefix.fit import plan
+
+    with pytest.raises(ConfigError, match=r"trainer\.compile"):  # from the command line: refused while planning
+        plan(compose(["trainer.compile=maybe"], "fit"))
