@@ -242,52 +242,59 @@ def evaluate(args: Sequence[str] | Mapping | DictConfig = ()) -> dict:
             summary["flip"] = {**probe.describe(), **res}
             _log_flip(c, run_id, out, summary["flip"], name)
         else:
-            from phasefix import plots
-
-            results, grids, answers = {}, {}, []
-            summary["phase_of"], summary["score"] = opts["phase_of"], score
-            for pad, prompts in plan["sets"].items():
-                scores, axes = score_by_phase(target, prompts, score=score, phase_of=opts["phase_of"], period=period,
-                                              stride=stride, n_boot=opts["n_boot"], batch_size=batch_size,
-                                              seed=opts["seed"], progress=opts["progress"],
-                                              desc=f"{opts['task']}/{pad}", scores=scored.get(pad))
-                if target.kind != "phasefix":
-                    summary.setdefault("prompts", {})[pad] = prompts.describe()
-                else:
-                    summary.setdefault("prompts", {})[pad] = {"num_prompts": len(prompts),
-                                                              "prompt_length": len(prompts[0]["input_ids"]),
-                                                              **plan["synthetic_kwargs"]}
-                for axis, res in axes.items():
-                    if axis == "grid":
-                        grids[pad] = res
-                        summary[f"{pad}_grid"] = {k: _plain(v) for k, v in res.items()}
-                        continue
-                    label = pad if axis == "fact" else f"{pad}_end"
-                    results[label] = res
-                    summary[label] = phase_summary(res)
-                    tracking.log_phase_result(c, run_id, label, res)
-                answers += [[pad, i, r, e, k, int(ok), t] for i, (r, e, k, ok, t) in enumerate(
-                    zip(scores["residue"], scores["end_residue"], scores["cluster"], scores["correct"],
-                        scores.get("answers") or ()))]
-            fig = plots.phase_curves(results, stride, title=f"{name} {opts['task']}  (run {run_id[:8]})")
-            fig.savefig(out / "phase_curves.png", dpi=110)
-            tracking.log_figure(c, run_id, fig, "phase_curves.png")
-            if grids:
-                fig = plots.phase_grid_heatmap(grids, title=f"{name} {opts['task']}  (run {run_id[:8]})")
-                fig.savefig(out / "phase_grid.png", dpi=110)
-                tracking.log_figure(c, run_id, fig, "phase_grid.png")
-            if answers:  # the generated text of every prompt (score=exact)
-                with open(out / "answers.csv", "w", newline="") as f:
-                    csv.writer(f).writerows([["padding", "index", "residue", "end_residue", "cluster", "correct",
-                                              "text"], *answers])
-                tracking.log_files(c, run_id, [out / "answers.csv"])
-            (out / "phase_table.csv").write_text(tracking.residue_table(results))
-            tracking.log_files(c, run_id, [out / "phase_table.csv"])
+            _score_lookup(c, run_id, target, plan, opts, summary, scored, name=name, out=out, score=score,
+                          period=period, stride=stride, batch_size=batch_size)
         summary["seconds"] = round(time.time() - t0, 1)
         tracking.write_json(out / "summary.json", summary)
         tracking.log_dict(c, run_id, summary, "summary.json")
         return summary
 
+
+
+def _score_lookup(c, run_id, target, plan, opts, summary, scored, *, name, out, score, period, stride,
+                  batch_size) -> None:
+    """Score a kv_lookup/needle plan by phase into `summary`, logging its curves, grid, answers and table."""
+    from phasefix import plots, tracking
+
+    results, grids, answers = {}, {}, []
+    summary["phase_of"], summary["score"] = opts["phase_of"], score
+    for pad, prompts in plan["sets"].items():
+        scores, axes = score_by_phase(target, prompts, score=score, phase_of=opts["phase_of"], period=period,
+                                      stride=stride, n_boot=opts["n_boot"], batch_size=batch_size,
+                                      seed=opts["seed"], progress=opts["progress"],
+                                      desc=f"{opts['task']}/{pad}", scores=scored.get(pad))
+        if target.kind != "phasefix":
+            summary.setdefault("prompts", {})[pad] = prompts.describe()
+        else:
+            summary.setdefault("prompts", {})[pad] = {"num_prompts": len(prompts),
+                                                      "prompt_length": len(prompts[0]["input_ids"]),
+                                                      **plan["synthetic_kwargs"]}
+        for axis, res in axes.items():
+            if axis == "grid":
+                grids[pad] = res
+                summary[f"{pad}_grid"] = {k: _plain(v) for k, v in res.items()}
+                continue
+            label = pad if axis == "fact" else f"{pad}_end"
+            results[label] = res
+            summary[label] = phase_summary(res)
+            tracking.log_phase_result(c, run_id, label, res)
+        answers += [[pad, i, r, e, k, int(ok), t] for i, (r, e, k, ok, t) in enumerate(
+            zip(scores["residue"], scores["end_residue"], scores["cluster"], scores["correct"],
+                scores.get("answers") or ()))]
+    fig = plots.phase_curves(results, stride, title=f"{name} {opts['task']}  (run {run_id[:8]})")
+    fig.savefig(out / "phase_curves.png", dpi=110)
+    tracking.log_figure(c, run_id, fig, "phase_curves.png")
+    if grids:
+        fig = plots.phase_grid_heatmap(grids, title=f"{name} {opts['task']}  (run {run_id[:8]})")
+        fig.savefig(out / "phase_grid.png", dpi=110)
+        tracking.log_figure(c, run_id, fig, "phase_grid.png")
+    if answers:  # the generated text of every prompt (score=exact)
+        with open(out / "answers.csv", "w", newline="") as f:
+            csv.writer(f).writerows([["padding", "index", "residue", "end_residue", "cluster", "correct",
+                                      "text"], *answers])
+        tracking.log_files(c, run_id, [out / "answers.csv"])
+    (out / "phase_table.csv").write_text(tracking.residue_table(results))
+    tracking.log_files(c, run_id, [out / "phase_table.csv"])
 
 def load_endpoint(opts: dict) -> Target:
     """An OpenAI-compatible server's model, its tokenizer loaded here to place the phases (`phasefix.endpoint`)."""
