@@ -139,7 +139,7 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
 
     def objective(trial):
         try:
-            return run_trial(trial)
+            return run_trial(trial, spec, parent_run_id, threads, fit_fn)
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt as e:  # Ctrl-C: the next run of the study retries it from its checkpoints
@@ -152,98 +152,126 @@ def make_objective(spec: StudySpec, parent_run_id: str | None, threads: int | No
             print(f"[study] trial {trial.number} failed: {trial.user_attrs['error']}", flush=True)
             raise
 
-    def run_trial(trial):
-        from phasefix import tracking
-        from phasefix.fit import compose
-
-        for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics",
-                  "seed_metrics", "run_dirs", "interrupted", "duplicate_of"):  # a retry's copy
-            if k in trial.user_attrs:
-                trial.set_user_attr(k, None)
-        ovs = suggest(trial, spec)
-        trial.set_user_attr("overrides", ovs)
-        twin = earlier_twin(trial) if spec.duplicates == "reuse" else None
-        if twin is not None:
-            return reuse_twin(trial, twin, spec)
-        out_dir = spec.outputs() / f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}"
-        extra = [f"+logger.tags.study='{spec.name}'", f"+logger.tags.trial='{trial.number}'"]
-        if parent_run_id:
-            extra.append(f"logger.parent_run_id='{parent_run_id}'")
-        exp = trial.study.user_attrs.get("mlflow_experiment")  # the parent run's experiment
-        if exp:
-            extra.append(f"logger.experiment_name='{exp}'")
-        if threads and not any(o.startswith("trainer.num_threads=") for o in spec.base + ovs):
-            extra.append(f"trainer.num_threads={threads}")
-        system = trial.study._storage.get_trial_system_attrs(trial._trial_id)
-        retried = system.get("failed_trial")
-        # a retry of a trial that was interrupted or whose worker died continues the runs of the latest attempt
-        # (retry_history's last) from their last checkpoints
-        latest = (system.get("retry_history") or [retried])[-1]
-        prior = None if latest is None else trial.study.get_trials(deepcopy=False)[latest]  # numbers are 0, 1, ...
-        prior_dirs = {k: Path(v) for k, v in (prior.user_attrs.get("run_dirs") or {}).items()} if prior else {}
-        print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
-              f"{' '.join(ovs) or '(base)'}{f' on seeds {spec.seeds}' if spec.seeds else ''}", flush=True)
-        summaries, dirs = [], {}
-        for seed in spec.seeds or [None]:  # seeds: one run each, in turn; a seed that is pruned prunes the trial
-            run_dir, history = out_dir if seed is None else out_dir / f"s{seed}", []
-            # a comparison's cell (grid sampler) keeps the name its regime and arm give it (<regime>-<arm>-s<seed>)
-            named = [] if spec.sampler.get("type") == "grid" else [f"run_name='{spec.name}-t{trial.number}'"]
-            one = ([f"output_dir='{run_dir}'", *named] if seed is None else
-                   [f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'", f"seed={seed}"])
-            overrides = list(spec.base) + ovs + extra + one
-            overrides.append(tracking.command_override(overrides))  # the table row names how to redo the run
-            before = prior_dirs.get(str(seed))
-            if before is not None and checkpoint_path(before).exists():
-                # the run's identity (overrides, tags, parent) is in its stored config: only the threads may change
-                run_dir = before
-                overrides = [f"resume='{run_dir}'", *[o for o in extra if o.startswith("trainer.num_threads=")]]
-                history = list(prior.user_attrs.get("val_history") or [])  # the last seed it trained: this one
-                runs.retag_resumed(trial, run_dir, prior.number)
-                print(f"[study] trial {trial.number}: continuing {run_dir} from its last checkpoint", flush=True)
-            dirs[str(seed)] = str(run_dir)
-            trial.set_user_attr("run_dirs", dirs)  # where a retry of this trial finds its runs
-            try:
-                cfg = compose(overrides)
-                # the callback also records the MLflow run id at the start (a dead worker's run is then ended
-                # FAILED) and the validation history; an injected fit (tests) without pruning rules gets none
-                use_cb = spec.pruning or fit_fn is None
-                summaries.append((fit_fn or _real_fit())(
-                    cfg, callbacks=[pruning_callback(trial, spec.pruning, history)] if use_cb else []))
-            except optuna.TrialPruned as e:
-                end_pruned(trial, spec, str(e), "" if seed is None else f" at seed {seed}")
-        run_ids = [s["mlflow_run_id"] for s in summaries if s.get("mlflow_run_id")]
-        if run_ids:
-            trial.set_user_attr("mlflow_run_id", ",".join(run_ids))
-        names = list(dict.fromkeys([*TRIAL_METRICS, *(o.metric for o in spec.objectives),
-                                    *(c.metric for c in spec.constraints)]))
-        per_seed = [{k: metric_value(s, k) for k in names} for s in summaries]
-        summary = {k: _mean([m[k] for m in per_seed]) for k in names}  # by logged name
-        if spec.seeds:
-            trial.set_user_attr("seed_metrics", {str(seed): {k: v for k, v in m.items() if v is not None}
-                                                 for seed, m in zip(spec.seeds, per_seed)})
-        metrics = {k: summary[k] for k in TRIAL_METRICS}
-        metrics.update({o.metric: summary[o.metric] for o in spec.objectives})
-        trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if v is not None})
-        if spec.constraints:
-            cons = []
-            for c in spec.constraints:
-                v = summary[c.metric]
-                if v is None:
-                    check(c.missing == "ignore", "constraints.metric", c.metric,
-                          "is not in the fit summary (set missing: ignore to treat it as satisfied)")
-                cons.append(0.0 if v is None else c.value(float(v)))
-            set_constraints(trial, spec, cons)
-        values = []
-        for o in spec.objectives:
-            v = summary[o.metric]
-            if not isinstance(v, (int, float)) or math.isnan(float(v)):
-                msg = f"objective {o.metric} is {v!r} in the fit summary"
-                trial.set_user_attr("error", msg)
-                raise ValueError(msg)
-            values.append(float(v))
-        return values
-
     return objective
+
+
+def run_trial(trial, spec: StudySpec, parent_run_id: str | None, threads: int | None, fit_fn: FitFn | None):
+    """One trial: its overrides, a fit per seed (or its twin's values), the objectives it returns to Optuna."""
+    for k in ("error", "pruned", "val_history", "mlflow_run_id", "constraints", "metrics",
+              "seed_metrics", "run_dirs", "interrupted", "duplicate_of"):  # a retry's copy
+        if k in trial.user_attrs:
+            trial.set_user_attr(k, None)
+    ovs = suggest(trial, spec)
+    trial.set_user_attr("overrides", ovs)
+    twin = earlier_twin(trial) if spec.duplicates == "reuse" else None
+    if twin is not None:
+        return reuse_twin(trial, twin, spec)
+    summaries = fit_seeds(trial, spec, ovs, trial_tags(trial, spec, ovs, parent_run_id, threads), fit_fn)
+    return record_results(trial, spec, summaries)
+
+
+def trial_tags(trial, spec: StudySpec, ovs: list[str], parent_run_id: str | None, threads: int | None) -> list[str]:
+    """The overrides every run of the trial adds: its study and trial tags, the parent MLflow run and experiment,
+    the thread count (unless the study or the trial sets one)."""
+    extra = [f"+logger.tags.study='{spec.name}'", f"+logger.tags.trial='{trial.number}'"]
+    if parent_run_id:
+        extra.append(f"logger.parent_run_id='{parent_run_id}'")
+    exp = trial.study.user_attrs.get("mlflow_experiment")  # the parent run's experiment
+    if exp:
+        extra.append(f"logger.experiment_name='{exp}'")
+    if threads and not any(o.startswith("trainer.num_threads=") for o in spec.base + ovs):
+        extra.append(f"trainer.num_threads={threads}")
+    return extra
+
+
+def prior_attempt(trial):
+    """(the trial this one retries or None, its latest attempt or None, that attempt's run directories by seed).
+    A retry of a trial that was interrupted or whose worker died continues the runs of the latest attempt
+    (retry_history's last) from their last checkpoints."""
+    system = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+    retried = system.get("failed_trial")
+    latest = (system.get("retry_history") or [retried])[-1]
+    prior = None if latest is None else trial.study.get_trials(deepcopy=False)[latest]  # numbers are 0, 1, ...
+    prior_dirs = {k: Path(v) for k, v in (prior.user_attrs.get("run_dirs") or {}).items()} if prior else {}
+    return retried, prior, prior_dirs
+
+
+def fit_seeds(trial, spec: StudySpec, ovs: list[str], extra: list[str], fit_fn: FitFn | None) -> list[dict]:
+    """The trial's fits, one per seed in turn (a seed that is pruned prunes the trial); their summaries."""
+    import optuna
+
+    from phasefix import tracking
+    from phasefix.fit import compose
+
+    retried, prior, prior_dirs = prior_attempt(trial)
+    out_dir = spec.outputs() / f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}"
+    print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
+          f"{' '.join(ovs) or '(base)'}{f' on seeds {spec.seeds}' if spec.seeds else ''}", flush=True)
+    summaries, dirs = [], {}
+    for seed in spec.seeds or [None]:
+        run_dir, history = out_dir if seed is None else out_dir / f"s{seed}", []
+        # a comparison's cell (grid sampler) keeps the name its regime and arm give it (<regime>-<arm>-s<seed>)
+        named = [] if spec.sampler.get("type") == "grid" else [f"run_name='{spec.name}-t{trial.number}'"]
+        one = ([f"output_dir='{run_dir}'", *named] if seed is None else
+               [f"output_dir='{run_dir}'", f"run_name='{spec.name}-t{trial.number}-s{seed}'", f"seed={seed}"])
+        overrides = list(spec.base) + ovs + extra + one
+        overrides.append(tracking.command_override(overrides))  # the table row names how to redo the run
+        before = prior_dirs.get(str(seed))
+        if before is not None and checkpoint_path(before).exists():
+            # the run's identity (overrides, tags, parent) is in its stored config: only the threads may change
+            run_dir = before
+            overrides = [f"resume='{run_dir}'", *[o for o in extra if o.startswith("trainer.num_threads=")]]
+            history = list(prior.user_attrs.get("val_history") or [])  # the last seed it trained: this one
+            runs.retag_resumed(trial, run_dir, prior.number)
+            print(f"[study] trial {trial.number}: continuing {run_dir} from its last checkpoint", flush=True)
+        dirs[str(seed)] = str(run_dir)
+        trial.set_user_attr("run_dirs", dirs)  # where a retry of this trial finds its runs
+        try:
+            cfg = compose(overrides)
+            # the callback also records the MLflow run id at the start (a dead worker's run is then ended
+            # FAILED) and the validation history; an injected fit (tests) without pruning rules gets none
+            use_cb = spec.pruning or fit_fn is None
+            summaries.append((fit_fn or _real_fit())(
+                cfg, callbacks=[pruning_callback(trial, spec.pruning, history)] if use_cb else []))
+        except optuna.TrialPruned as e:
+            end_pruned(trial, spec, str(e), "" if seed is None else f" at seed {seed}")
+    return summaries
+
+
+def record_results(trial, spec: StudySpec, summaries: list[dict]) -> list[float]:
+    """The seeds' summaries into the trial: its MLflow runs, metrics (mean over seeds, and each seed's),
+    constraints; the objective values (an objective missing from the summary is the trial's error)."""
+    run_ids = [s["mlflow_run_id"] for s in summaries if s.get("mlflow_run_id")]
+    if run_ids:
+        trial.set_user_attr("mlflow_run_id", ",".join(run_ids))
+    names = list(dict.fromkeys([*TRIAL_METRICS, *(o.metric for o in spec.objectives),
+                                *(c.metric for c in spec.constraints)]))
+    per_seed = [{k: metric_value(s, k) for k in names} for s in summaries]
+    summary = {k: _mean([m[k] for m in per_seed]) for k in names}  # by logged name
+    if spec.seeds:
+        trial.set_user_attr("seed_metrics", {str(seed): {k: v for k, v in m.items() if v is not None}
+                                             for seed, m in zip(spec.seeds, per_seed)})
+    metrics = {k: summary[k] for k in TRIAL_METRICS}
+    metrics.update({o.metric: summary[o.metric] for o in spec.objectives})
+    trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if v is not None})
+    if spec.constraints:
+        cons = []
+        for c in spec.constraints:
+            v = summary[c.metric]
+            if v is None:
+                check(c.missing == "ignore", "constraints.metric", c.metric,
+                      "is not in the fit summary (set missing: ignore to treat it as satisfied)")
+            cons.append(0.0 if v is None else c.value(float(v)))
+        set_constraints(trial, spec, cons)
+    values = []
+    for o in spec.objectives:
+        v = summary[o.metric]
+        if not isinstance(v, (int, float)) or math.isnan(float(v)):
+            msg = f"objective {o.metric} is {v!r} in the fit summary"
+            trial.set_user_attr("error", msg)
+            raise ValueError(msg)
+        values.append(float(v))
+    return values
 
 
 def _mean(values: list):

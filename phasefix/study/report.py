@@ -93,86 +93,102 @@ def import_trials(spec: StudySpec, study, path: str | Path) -> int:
     trial, within `storage.max_retry`.
     The params are replayed in the search space's order, so a mitigation's options appear exactly where `suggest`
     would have sampled them. Returns the number of trials added."""
-    import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-    from optuna.trial import TrialState
-
-    def distribution(p):
-        if p.type == "categorical":
-            return CategoricalDistribution(p.choices)
-        if p.type == "int":
-            return IntDistribution(int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
-        return FloatDistribution(p.low, p.high, step=p.step, log=p.log)
-
-    def value(p, cell: str):
-        if p.type == "categorical":
-            match = [c for c in p.choices if ("" if c is None else str(c)) == cell]
-            check(bool(match), f"{path}: {p.name}", cell, f"is not one of the study's choices {p.choices}")
-            return match[0]
-        x = int(float(cell)) if p.type == "int" else float(cell)
-        return min(max(x, p.low), p.high)  # trials.csv keeps 6 significant digits
-
-    def number(cell: str | None) -> float | None:
-        return None if cell in (None, "") else float(cell)
-
     with open(path, newline="") as f:
         rows = sorted(csv.DictReader(f), key=lambda r: int(r["trial"]))
     check([int(r["trial"]) for r in rows] == list(range(len(rows))), str(path), None,
           "must list trials 0..N-1 (a report's trials.csv): a gap would renumber the trials after it")
     history: dict[int, list[int]] = {}  # failed trial -> the retries of it so far (Optuna's retry_history)
-    trials = []
-    for row in rows:
-        state = row.get("state")
-        check(state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"), f"{path}: trial {row['trial']}", state,
-              "is not a trial state (COMPLETE, PRUNED, FAIL, RUNNING, WAITING)")
-        def cell(p, row=row):
-            check(p.name in row, str(path), None, f"has no column {p.name!r} (a report of another search space?)")
-            return value(p, row[p.name])
+    study.add_trials([imported_trial(spec, row, Path(path), history) for row in rows])
+    return len(rows)
 
-        params = dict((p.name, v) for p, v in sampled_params(spec, cell))
-        dists = {p.name: distribution(p) for p in spec.params if p.name in params}
-        attrs = {"imported_from": f"{Path(path).name} trial {row['trial']}"}
-        if row.get("mlflow_run_id"):
-            attrs["mlflow_run_id"] = row["mlflow_run_id"]
-        system = {}
-        if row.get("retry_of"):  # what RetryFailedTrialCallback wrote: the first failed trial and the chain so far
-            first = int(float(row["retry_of"]))
-            chain = history.setdefault(first, [first])
-            system = {"failed_trial": first, "retry_history": list(chain)}
-            chain.append(int(row["trial"]))
-        values, cons = None, {}
-        if state in ("RUNNING", "WAITING"):
-            attrs["interrupted"] = f"{state} in {Path(path).name}: its worker stopped before the trial ended"
-            state = "FAIL"
-        elif state == "FAIL":
-            if row.get("note"):
-                attrs["error"] = row["note"]
-        elif state == "PRUNED":
-            attrs["pruned"] = row.get("note") or "pruned"
-            cons = {c.key: 1.0 for c in spec.constraints}
-        else:
-            if m := re.match(re.escape(DUPLICATE_NOTE.split("{}")[0]) + r"(\d+)", row.get("note") or ""):
-                attrs["duplicate_of"] = int(m.group(1))
-            values = [number(row.get(o.metric)) for o in spec.objectives]
-            check(all(v is not None for v in values), f"{path}: trial {row['trial']}", None,
-                  f"is COMPLETE but lacks an objective ({', '.join(spec.metric_names)})")
-            feasible = row.get("feasible") != "False"
-            cons = {c.key: number(row.get(f"constraint:{c.key}")) for c in spec.constraints}
-            cons = {k: (v if v is not None else 0.0 if feasible else 1.0) for k, v in cons.items()}
-            metrics = {k: number(row.get(k)) for k in (*EXTRA_COLUMNS, *spec.metric_names)}
-            attrs["metrics"] = {k: v for k, v in metrics.items() if v is not None}
-            by_seed = {str(seed): {o.metric: v for o in spec.objectives
-                                   if (v := number(row.get(seed_column(o.metric, seed)))) is not None}
-                       for seed in spec.seeds}  # the per-seed columns trial_rows wrote, back into seed_metrics
-            if any(by_seed.values()):
-                attrs["seed_metrics"] = {k: m for k, m in by_seed.items() if m}
-            if spec.constraints:
-                attrs["constraints"] = list(cons.values())
-        trials.append(optuna.trial.create_trial(
-            state=TrialState[state], values=values, params=params, distributions=dists, user_attrs=attrs,
-            system_attrs=system, constraints=cons or None))
-    study.add_trials(trials)
-    return len(trials)
+
+def imported_trial(spec: StudySpec, row: dict, path: Path, history: dict[int, list[int]]):
+    """One row of a trials.csv as a finished Optuna trial (`import_trials`); `history` collects the retry chains."""
+    import optuna
+    from optuna.trial import TrialState
+
+    state = row.get("state")
+    check(state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"), f"{path}: trial {row['trial']}", state,
+          "is not a trial state (COMPLETE, PRUNED, FAIL, RUNNING, WAITING)")
+
+    def cell(p):
+        check(p.name in row, str(path), None, f"has no column {p.name!r} (a report of another search space?)")
+        return _param_value(p, row[p.name], path)
+
+    params = dict((p.name, v) for p, v in sampled_params(spec, cell))
+    dists = {p.name: _distribution(p) for p in spec.params if p.name in params}
+    attrs = {"imported_from": f"{path.name} trial {row['trial']}"}
+    if row.get("mlflow_run_id"):
+        attrs["mlflow_run_id"] = row["mlflow_run_id"]
+    system = {}
+    if row.get("retry_of"):  # what RetryFailedTrialCallback wrote: the first failed trial and the chain so far
+        first = int(float(row["retry_of"]))
+        chain = history.setdefault(first, [first])
+        system = {"failed_trial": first, "retry_history": list(chain)}
+        chain.append(int(row["trial"]))
+    values, cons = None, {}
+    if state in ("RUNNING", "WAITING"):
+        attrs["interrupted"] = f"{state} in {path.name}: its worker stopped before the trial ended"
+        state = "FAIL"
+    elif state == "FAIL":
+        if row.get("note"):
+            attrs["error"] = row["note"]
+    elif state == "PRUNED":
+        attrs["pruned"] = row.get("note") or "pruned"
+        cons = {c.key: 1.0 for c in spec.constraints}
+    else:
+        values, cons = _complete_row(spec, row, path, attrs)
+    return optuna.trial.create_trial(
+        state=TrialState[state], values=values, params=params, distributions=dists, user_attrs=attrs,
+        system_attrs=system, constraints=cons or None)
+
+
+def _complete_row(spec: StudySpec, row: dict, path: Path, attrs: dict) -> tuple[list[float], dict]:
+    """A COMPLETE row's objective values and constraints; its metrics, per-seed objectives, constraint values and
+    twin into `attrs`."""
+    if m := re.match(re.escape(DUPLICATE_NOTE.split("{}")[0]) + r"(\d+)", row.get("note") or ""):
+        attrs["duplicate_of"] = int(m.group(1))
+    values = [_number(row.get(o.metric)) for o in spec.objectives]
+    check(all(v is not None for v in values), f"{path}: trial {row['trial']}", None,
+          f"is COMPLETE but lacks an objective ({', '.join(spec.metric_names)})")
+    feasible = row.get("feasible") != "False"
+    cons = {c.key: _number(row.get(f"constraint:{c.key}")) for c in spec.constraints}
+    cons = {k: (v if v is not None else 0.0 if feasible else 1.0) for k, v in cons.items()}
+    metrics = {k: _number(row.get(k)) for k in (*EXTRA_COLUMNS, *spec.metric_names)}
+    attrs["metrics"] = {k: v for k, v in metrics.items() if v is not None}
+    by_seed = {str(seed): {o.metric: v for o in spec.objectives
+                           if (v := _number(row.get(seed_column(o.metric, seed)))) is not None}
+               for seed in spec.seeds}  # the per-seed columns trial_rows wrote, back into seed_metrics
+    if any(by_seed.values()):
+        attrs["seed_metrics"] = {k: m for k, m in by_seed.items() if m}
+    if spec.constraints:
+        attrs["constraints"] = list(cons.values())
+    return values, cons
+
+
+def _distribution(p):
+    """A search-space param as Optuna's distribution."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if p.type == "categorical":
+        return CategoricalDistribution(p.choices)
+    if p.type == "int":
+        return IntDistribution(int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+    return FloatDistribution(p.low, p.high, step=p.step, log=p.log)
+
+
+def _param_value(p, cell: str, path: Path):
+    """A trials.csv cell as the param's value (a categorical one must be one of its choices)."""
+    if p.type == "categorical":
+        match = [c for c in p.choices if ("" if c is None else str(c)) == cell]
+        check(bool(match), f"{path}: {p.name}", cell, f"is not one of the study's choices {p.choices}")
+        return match[0]
+    x = int(float(cell)) if p.type == "int" else float(cell)
+    return min(max(x, p.low), p.high)  # trials.csv keeps 6 significant digits
+
+
+def _number(cell: str | None) -> float | None:
+    return None if cell in (None, "") else float(cell)
 
 
 MIN_TRIALS_FOR_IMPORTANCE = 5
