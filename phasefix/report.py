@@ -144,11 +144,16 @@ def options(cfg: DictConfig | Sequence[str] | Mapping = ()) -> DictConfig:
     check(not (cfg.tables and cfg.join), "join", ",".join(cfg.join), "extends a report of MLflow runs: drop tables=")
     check(not (cfg.join_regimes and not cfg.join), "join_regimes", ",".join(cfg.join_regimes),
           "names the regimes to take from the join= folders: add join=")
-    if cfg.into:
-        check(bool(cfg.out), "into", str(cfg.into), "rewrites the document's quotes of the files in out=: add out=")
-        check(any(inside(path, Path(cfg.out)) for path, _, _ in quotes(Path(cfg.into))), "into", str(cfg.into),
-              f"has no line <!-- quote: PATH --> of a file in out={cfg.out}")
+    check_into(cfg.into, cfg.out)
     return cfg
+
+
+def check_into(into: str | Path | None, out: str | Path | None) -> None:
+    """`into=DOC` needs `out=` and a quote in DOC of a file there: refused before anything is written."""
+    if into:
+        check(bool(out), "into", str(into), "rewrites the document's quotes of the files in out=: add out=")
+        check(any(inside(path, Path(out)) for path, _, _ in quotes(Path(into))), "into", str(into),
+              f"has no line <!-- quote: PATH --> of a file in out={out}")
 
 
 def out_dir(out: str | None) -> Path:
@@ -366,56 +371,91 @@ def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapp
 
 
 def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
-    """Select runs, write the comparison to `out` and (log=true) log it to a new report run. `cfg`: the composed
-    config or `key=value` arguments as on the command line. Returns {out, runs (ids), rows, flips, pareto, files,
-    report_run_id, left_out, decisive (the regime x arm rows of runs tagged `regime`)}."""
-    from phasefix import plots, tracking
-
+    """The command line's report: `cfg` (the composed config, or `key=value` arguments as on the command line, or a
+    mapping of them) checked (`options`), then `report_tables` (tables=) or `report_runs`. Returns theirs."""
     cfg = options(cfg)
-    if cfg.tables:  # no MLflow: the committed tables are the source
-        out = out_dir(cfg.out)
-        files, hrows = headline_from_tables(list(cfg.tables), out)
-        if cfg.into:
-            refresh_quotes(Path(cfg.into), out)
-        return {"out": str(out), "runs": [], "rows": [], "flips": [], "pareto": [], "files": files,
-                "report_run_id": None, "left_out": [], "decisive": hrows}
-    opts = {"experiment": cfg.experiment_name, "runs": list(cfg.runs), "tags": dict(cfg.tag), "kind": list(cfg.kind),
-            "tracking_uri": cfg.tracking_uri, "out": cfg.out, "log": cfg.log}
-    c = tracking.client(opts["tracking_uri"])
-    runs = tracking.select_runs(c, experiment=opts["experiment"], run_ids=opts["runs"], tags=opts["tags"],
-                                kinds=opts["kind"])
-    tag_options = " ".join(f"tag.{k}={v}" for k, v in opts["tags"].items())
-    where = (f"runs={','.join(opts['runs'])}" if opts["runs"] else
-             f"experiment={opts['experiment'] or 'phasefix'} {tag_options}")
-    check(bool(runs), "selection", where.strip(), "matches no fit or evaluate runs")
-    selected = {r.info.run_id for r in runs}
-    sources = rescored_sources(c, runs)
-    rescored = {src.info.run_id for src in sources.values()}
-    runs = [r for r in runs if r.info.run_id not in rescored]  # a re-scored run stands as its re-scoring
-    rows, curves, flips = collect(c, runs)
-    check(bool(rows or flips), "selection", where.strip(), "matches runs without phase results (unfinished?)")
-    facts = regime_facts(c, runs, sources)
-    joined, pooled = joined_rows(list(cfg.join), {(f["regime"], f["arm"]) for f in facts.values()},
-                                 selected, list(cfg.join_regimes),
-                                 skip_known=bool(cfg.join_regimes)) if cfg.join else ([], [])
+    if cfg.tables:
+        return report_tables(list(cfg.tables), cfg.out, cfg.into)
+    return report_runs(experiment=cfg.experiment_name, runs=list(cfg.runs), tags=dict(cfg.tag), kind=list(cfg.kind),
+                       join=list(cfg.join), join_regimes=list(cfg.join_regimes), tracking_uri=cfg.tracking_uri,
+                       out=cfg.out, into=cfg.into, log=cfg.log)
 
-    out = out_dir(opts["out"])
-    out.mkdir(parents=True, exist_ok=True)
+
+def report_tables(tables: Sequence[str], out: str | Path | None = None, into: str | Path | None = None) -> dict:
+    """The headline from committed report folders (`tables=`: `DIR` or `DIR:REGIME+REGIME`), no MLflow, to `out`;
+    `into`: a document whose quotes of those files are rewritten. Returns report_runs' dict (no runs)."""
+    check_into(into, out)
+    out = out_dir(None if out is None else str(out))
+    files, hrows = headline_from_tables(list(tables), out)
+    if into:
+        refresh_quotes(Path(into), out)
+    return {"out": str(out), "runs": [], "rows": [], "flips": [], "pareto": [], "files": files,
+            "report_run_id": None, "left_out": [], "decisive": hrows}
+
+
+def report_runs(*, experiment: str | None = None, runs: Sequence[str] = (), tags: Mapping[str, str] | None = None,
+                kind: Sequence[str] = KINDS, join: Sequence[str] = (), join_regimes: Sequence[str] = (),
+                tracking_uri: str | None = None, out: str | Path | None = None, into: str | Path | None = None,
+                log: bool = True) -> dict:
+    """Select MLflow runs (`runs`: ids or prefixes, else `experiment`'s runs with these `tags` and kinds), write the
+    comparison to `out` (default outputs/reports/<date>-<time>), joined with the committed folders `join` (and
+    their `join_regimes`), quote it into `into`, and (log) log it to a new report run. Returns {out, runs (ids),
+    rows, flips, pareto, files, report_run_id, left_out, decisive (the regime x arm rows of runs tagged `regime`)}."""
+    from phasefix import tracking
+
+    tags = dict(tags or {})
+    check_into(into, out)
+    c = tracking.client(tracking_uri)
+    selected_runs = tracking.select_runs(c, experiment=experiment, run_ids=list(runs), tags=tags, kinds=list(kind))
+    tag_options = " ".join(f"tag.{k}={v}" for k, v in tags.items())
+    where = (f"runs={','.join(runs)}" if runs else f"experiment={experiment or 'phasefix'} {tag_options}").strip()
+    check(bool(selected_runs), "selection", where, "matches no fit or evaluate runs")
+    selected = {r.info.run_id for r in selected_runs}
+    sources = rescored_sources(c, selected_runs)
+    rescored = {src.info.run_id for src in sources.values()}
+    runs = [r for r in selected_runs if r.info.run_id not in rescored]  # a re-scored run stands as its re-scoring
+    rows, curves, flips = collect(c, runs)
+    check(bool(rows or flips), "selection", where, "matches runs without phase results (unfinished?)")
+    facts = regime_facts(c, runs, sources)
+    joined, pooled = joined_rows(list(join), {(f["regime"], f["arm"]) for f in facts.values()},
+                                 selected, list(join_regimes), skip_known=bool(join_regimes)) if join else ([], [])
+    out_path = out_dir(None if out is None else str(out))
+    out_path.mkdir(parents=True, exist_ok=True)
     files, drows = [], []
     if rows:
-        write_csv(out / SCORES_CSV, rows, COLUMNS)
-        plots.save(plots.runs_phase_curves(rows, curves), out / "phase_curves.png")
-        write_curves(out, {k: v for k, v in curves.items() if v})
-        files += [SCORES_CSV, "phase_curves.png", CURVES_CSV]
-        srows = seed_rows(rows)
-        write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "flat",
-                                             *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
-        (out / "seeds.md").write_text(seeds_markdown(srows))
-        files += ["seeds.csv", "seeds.md"]
-        written, drows = decisive(c, out, rows, curves, facts, sources, joined, pooled, str(opts["out"] or out))
+        files += write_run_tables(out_path, rows, curves)
+        written, drows = decisive(c, out_path, rows, curves, facts, sources, joined, pooled, str(out or out_path))
         files += written
+    files += write_other_tables(c, out_path, runs, rows, flips)
+    prows = pareto_rows(rows)
+    if into:
+        refresh_quotes(Path(into), out_path)
+    report_run_id = log_report_run(c, out_path, runs, files, experiment, where, kind) if log else None
+    return {"out": str(out_path), "runs": [r.info.run_id for r in runs], "rows": rows, "flips": flips,
+            "pareto": prows, "files": files, "report_run_id": report_run_id, "left_out": left_out(runs, rows, flips),
+            "decisive": drows}
+
+
+def write_run_tables(out: Path, rows: Sequence[Mapping], curves: Mapping) -> list[str]:
+    """The runs' scores per padding (comparison.csv), their phase curves (figure and csv) and the seeds table."""
+    from phasefix import plots
+
+    write_csv(out / SCORES_CSV, rows, COLUMNS)
+    plots.save(plots.runs_phase_curves(rows, curves), out / "phase_curves.png")
+    write_curves(out, {k: v for k, v in curves.items() if v})
+    srows = seed_rows(rows)
+    write_csv(out / "seeds.csv", srows, ("config", "padding", "seeds", "flat",
+                                         *[f"{k}{sd}" for k in SEED_METRICS for sd in ("", "_sd")], "run_ids"))
+    (out / "seeds.md").write_text(seeds_markdown(srows))
+    return [SCORES_CSV, "phase_curves.png", CURVES_CSV, "seeds.csv", "seeds.md"]
+
+
+def write_other_tables(c, out: Path, runs: Sequence, rows: Sequence[Mapping], flips: Sequence[Mapping]) -> list[str]:
+    """comparison.md, the flip probes, a study's Pareto front and two evaluate runs side by side."""
+    from phasefix import plots, side_by_side
+
     (out / "comparison.md").write_text(markdown(rows, flips))
-    files.append("comparison.md")
+    files = ["comparison.md"]
     if flips:
         write_csv(out / "flip.csv", flips, ("run_id", "run_name", "model", "period_detected", "period_fft",
                                            "flip_rate", "range"))
@@ -426,24 +466,22 @@ def report(cfg: DictConfig | Sequence[str] | Mapping = ()) -> dict:
                                               "acc_worst", "on_front"))
         plots.save(plots.runs_pareto(prows), out / "pareto.png")
         files += ["pareto.csv", "pareto.png"]
-    from phasefix import side_by_side
+    return files + side_by_side.write(c, out, runs)  # two evaluate runs of the same prompts: on one figure
 
-    files += side_by_side.write(c, out, runs)  # two evaluate runs of the same prompts: on one figure
-    if cfg.into:
-        refresh_quotes(Path(cfg.into), out)
 
-    report_run_id = None
-    if opts["log"]:
-        exp_name = opts["experiment"] or (c.get_experiment(runs[0].info.experiment_id).name if runs else "phasefix")
-        ids = [r.info.run_id for r in runs]
-        report_run_id = tracking.create_run(c, exp_name, f"report-{len(ids)}-runs", tags={
-            "phasefix.kind": "report", "phasefix.report_runs": ",".join(ids)[:5000], "output_dir": str(out.resolve())})
-        with tracking.running(c, report_run_id):
-            tracking.log_params(c, report_run_id, {"selection": where.strip(), "kind": ",".join(opts["kind"]),
-                                                   "num_runs": len(ids)})
-            tracking.log_files(c, report_run_id, [out / name for name in files])
-    return {"out": str(out), "runs": [r.info.run_id for r in runs], "rows": rows, "flips": flips, "pareto": prows,
-            "files": files, "report_run_id": report_run_id, "left_out": left_out(runs, rows, flips), "decisive": drows}
+def log_report_run(c, out: Path, runs: Sequence, files: Sequence[str], experiment: str | None, where: str,
+                   kind: Sequence[str]) -> str:
+    """A new MLflow run tagged phasefix.kind=report with the report's files; its id."""
+    from phasefix import tracking
+
+    exp_name = experiment or (c.get_experiment(runs[0].info.experiment_id).name if runs else "phasefix")
+    ids = [r.info.run_id for r in runs]
+    run_id = tracking.create_run(c, exp_name, f"report-{len(ids)}-runs", tags={
+        "phasefix.kind": "report", "phasefix.report_runs": ",".join(ids)[:5000], "output_dir": str(out.resolve())})
+    with tracking.running(c, run_id):
+        tracking.log_params(c, run_id, {"selection": where, "kind": ",".join(kind), "num_runs": len(ids)})
+        tracking.log_files(c, run_id, [out / name for name in files])
+    return run_id
 
 
 def main(argv: Sequence[str] | None = None) -> int:

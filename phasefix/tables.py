@@ -1,5 +1,5 @@
 """Committed report folders, without MLflow: the one place that names their files (`SCORES_CSV`, `DECISIVE_CSV`, ...)
-and reads them back (`read_table`, `read_members`, `folder_members`), how a report writes its CSV tables
+and reads them back (`read_table`, `read_scores`, `read_members`, `folder_members`), how a report writes its CSV tables
 (`write_csv`), and how a later report grows a comparison with new runs (`join=`: `joined_rows`) or gathers the
 headline (`tables=`: `headline_from_tables`)."""
 from __future__ import annotations
@@ -46,6 +46,13 @@ def read_table(folder: str | Path) -> list[dict]:
         row["baseline_learned"] = bool(base) and int(base[0]["learned"]) > 0
         out.append(row)
     return out
+
+
+def read_scores(folder: str | Path) -> list[dict]:
+    """The rows of a committed folder's `comparison.csv` (one per run and padding), cells as written (text;
+    `comparison.number` reads a score)."""
+    with open(Path(folder) / SCORES_CSV, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def read_members(folder: str | Path) -> list[dict]:
@@ -150,10 +157,9 @@ def folder_members(folder: str | Path) -> list[dict]:
         return read_members(folder)
     if not (has_table(folder) and (folder / SCORES_CSV).is_file()):
         return []
-    with open(folder / SCORES_CSV, newline="") as f:
-        scores: dict[str, dict[str, dict]] = {}  # run id -> padding -> its comparison.csv row
-        for s in csv.DictReader(f):
-            scores.setdefault(s["run_id"], {})[s["padding"]] = s
+    scores: dict[str, dict[str, dict]] = {}  # run id -> padding -> its comparison.csv row
+    for s in read_scores(folder):
+        scores.setdefault(s["run_id"], {})[s["padding"]] = s
     out = []
     for row in read_table(folder):
         if row.get("table"):

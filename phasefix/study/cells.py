@@ -207,17 +207,13 @@ def committed_runs(folder: str | Path) -> list[dict]:
     scores by padding ({padding: {acc_mean, acc_worst, acc_gap}}). Regime and arm come from the folder's tables (the
     runs' tags); the seed from the run's command (`seed=N`), else its name (`...-sN`); a re-scored run (an evaluate
     run) stands for the fit run it scored."""
-    import csv
-
-    from phasefix.tables import folder_members
+    from phasefix.tables import folder_members, read_scores
 
     folder = Path(folder)
     if not folder.is_absolute():
         folder = PROJECT_ROOT / folder
-    with open(folder / SCORES_CSV, newline="") as f:
-        rows = list(csv.DictReader(f))
     by_id: dict[str, dict] = {}
-    for row in rows:
+    for row in read_scores(folder):
         run = by_id.setdefault(row["run_id"], {"run_id": row["run_id"], "run_name": row["run_name"], "scores": {}})
         run["scores"][row["padding"]] = {k: float(row[k]) for k in METRICS if row.get(k)}
         words = shlex.split(row.get("command") or "")

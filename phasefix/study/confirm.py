@@ -163,7 +163,7 @@ def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | 
     out, rows: the table's prefix rows}."""
     from phasefix import tracking
     from phasefix.fit import compose
-    from phasefix.report import report
+    from phasefix.report import report_runs
     from phasefix.study import runs
 
     check(k >= 1, "confirm", k, "must be >= 1 (the number of best trials to re-run)")
@@ -186,8 +186,8 @@ def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | 
             errors.append(f"{job['arm']} seed {job['seed']}: {err}")
             print(f"[study] confirm run {job['arm']} seed {job['seed']} failed: {err}", flush=True)
     out = spec.reports() / "confirm"
-    res = report({"experiment": experiment, "tag.study_confirm": spec.name, "out": str(out), "log": "false",
-                  "tracking_uri": uri})
+    res = report_runs(experiment=experiment, tags={"study_confirm": spec.name}, out=str(out), log=False,
+                      tracking_uri=uri)
     arms = {}
     for j in jobs:
         arms.setdefault(j["arm"], j)

@@ -203,30 +203,25 @@ def write_tables(comp: Comparison, stopped: dict) -> tuple[list[str], dict]:
     the regimes' unmitigated and reference runs, and the cells an earlier machine finished). Returns (the files
     written, the stopped arms written to stopped.md: `stopped` with those of the tables' cells run elsewhere)."""
     from phasefix import tracking
-    from phasefix.report import report
+    from phasefix.report import report_runs, report_tables
 
     if comp.out is None:
         return [], {}
     if comp.tables:
-        res = report([f"tables={','.join(comp.tables)}", f"out={comp.out}", "log=false"])
+        res = report_tables(comp.tables, comp.out)
     else:
         runs = tracking.select_runs(tracking.client(comp.tracking_uri), experiment=comp.experiment_name,
                                     tags={"comparison": comp.name})
         if not runs:
             print(f"[comparison] {comp.name}: no run of it in this store; its committed tables stand", flush=True)
             return [], {}
-        args = [f"tag.comparison={comp.name}", f"out={os.path.relpath(comp.out)}", "log=false"]  # rows name it
         folders = join_folders(comp, {r.info.run_id for r in runs})
-        if folders:
-            args += [f"join={','.join(folders)}", f"join_regimes={','.join(r.name for r in comp.regimes)}"]
-        if comp.experiment_name:
-            args.append(f"experiment={comp.experiment_name}")
-        if comp.tracking_uri:
-            args.append(f"tracking_uri={comp.tracking_uri}")
-        res = report(args)
+        res = report_runs(experiment=comp.experiment_name, tags={"comparison": comp.name},
+                          join=folders, join_regimes=[r.name for r in comp.regimes] if folders else (),
+                          tracking_uri=comp.tracking_uri, out=os.path.relpath(comp.out), log=False)  # rows name it
     stopped = {**stopped_in_tables(comp), **stopped}  # this run's and those of cells run elsewhere
     write_stopped(comp, stopped)
-    return (list(res.get("files", [])) if isinstance(res, dict) else []), stopped
+    return list(res["files"]), stopped
 
 
 def write_stopped(comp: Comparison, stopped: dict) -> None:
