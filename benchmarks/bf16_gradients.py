@@ -31,7 +31,7 @@ def load(args):
     from phasefix.cli import compose
     from phasefix.fit import plan
     from phasefix.model.qwen3 import CompressedQwen3
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     if args.run:
         run = Run.open(args.run)

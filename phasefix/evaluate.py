@@ -115,7 +115,7 @@ MODEL_SPEC = "a Hugging Face model directory, or a phasefix run id, output direc
 def check_model(spec) -> None:
     """What can be checked of `model=` without loading anything: given, and a path that exists and is a Hugging Face
     model directory (config.json) or a phasefix run (output directory, .ckpt); anything else may be an MLflow run id."""
-    from phasefix.run import RUN_FILE, check_spec
+    from phasefix.fit_run import RUN_FILE, check_spec
 
     check(spec not in (None, ""), "model", spec, f"is required: {MODEL_SPEC}")
     path = Path(str(spec)).expanduser()
@@ -168,7 +168,7 @@ def _load_hf(path: Path, device: str, dtype: str) -> Target:
 
 def _load_phasefix(spec: str, tracking_uri: str | None, device: str, which: str) -> Target:
     from phasefix.data import data_config
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     run = Run.open(spec, tracking_uri, key="model")
     ckpt = run.checkpoint(which, key="model")

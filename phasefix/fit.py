@@ -113,7 +113,7 @@ def resume_config(cfg: DictConfig):
     `trainer.max_steps` below the checkpoint's step is refused; above it, the run trains the extra steps. A fork
     lives in a new output directory (`output_dir` or the default), never the named run's."""
     from phasefix import tracking
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     run = Run.open(str(cfg.resume), cfg.logger.get("tracking_uri"), key="resume")
     check(run.dir is not None and run.run_id is not None and run.config is not None, "resume", cfg.resume,
@@ -161,7 +161,7 @@ def fit(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     before the checkpoint's step copied, train time counted from the checkpoint's), writing nothing to the named
     run. Ctrl-C saves `last.ckpt` at the interrupted step and raises RunInterrupted; the MLflow run ends KILLED."""
     from phasefix import console, tracking
-    from phasefix.run import open_fit_run
+    from phasefix.fit_run import open_fit_run
 
     console.quiet(bool(cfg.get("verbose")))
     piece = Piece.of(cfg)  # a new run, or the piece of a resumed or forked one
@@ -210,7 +210,7 @@ class Piece:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> "Piece":
-        from phasefix.run import Run
+        from phasefix.fit_run import Run
 
         resuming, forking = bool(cfg.get("resume")), bool(cfg.get("fork"))
         check(resuming or not forking, "fork", "true", "needs resume=<the run to fork from>")
@@ -267,7 +267,7 @@ def build_trainer(cfg: DictConfig, p: dict, data, run, before_seconds: float, ca
     from phasefix import console, tracking
     from phasefix.data.lm_mix import LMMixConfig
     from phasefix.module import LastCheckpoint, PeriodicCheckpoint, PhaseFixModule, RunLogger, TrainClock
-    from phasefix.run import checkpoint_path
+    from phasefix.fit_run import checkpoint_path
 
     t, how = cfg.trainer, p["how"]
     torch.set_num_threads(t.num_threads)
@@ -322,7 +322,7 @@ def raise_stopped(e: BaseException, trainer, out_dir: Path):
     raised as it was."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from phasefix.run import checkpoint_path
+    from phasefix.fit_run import checkpoint_path
 
     interrupted = isinstance(e, SIGTERMException) or (trainer is not None and trainer.interrupted)
     if isinstance(e, SystemExit) and not interrupted:

@@ -11,7 +11,7 @@ outputs/reports/<date>-<time>):
                                    `<config>` and padding, mean and sd of each metric, train time, lm_loss, run ids
   phase_curves.png / .csv          the runs' phase curves (`phase_acc/<padding>`) overlaid, one panel per padding
   decisive.csv / decisive.md       runs tagged `regime` and `arm`: one row per regime, arm and padding over the seeds
-                                   that learned, goal met, costs (phasefix.comparison); headline.md: each regime's
+                                   that learned, goal met, costs (phasefix.decisive); headline.md: each regime's
                                    baseline and best arm at equal cache entries per token. An evaluate run of such
                                    a run (a re-scoring) joins as that run, with its own accuracy
   decisive_runs.csv                each of those runs' facts per padding, for a later `join=`
@@ -65,7 +65,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from phasefix.comparison import number, scored_prompts
+from phasefix.decisive import number, scored_prompts
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 from phasefix.quotes import inside, quotes, refresh_quotes
@@ -272,7 +272,7 @@ def seeds_markdown(srows: Sequence[Mapping]) -> str:
 
 def pareto_front(points: Sequence[Sequence[float]]) -> list[bool]:
     """Which points are on the Pareto front when every coordinate is maximised (ties: both stay; nan: never). For
-    runs read back from MLflow; a study's own front is Optuna's `study.best_trials` (phasefix.study.report)."""
+    runs read back from MLflow; a study's own front is Optuna's `study.best_trials` (phasefix.study.pareto)."""
     pts = [tuple(float(x) for x in p) for p in points]
     front = []
     for i, p in enumerate(pts):
@@ -324,10 +324,10 @@ def rescored_sources(c, runs: Sequence) -> dict:
 
 
 def regime_facts(c, runs: Sequence, sources: Mapping) -> dict:
-    """{run_id: comparison.run_facts} of the regime-tagged runs and re-scorings among `runs`; a re-scoring did not
+    """{run_id: decisive.run_facts} of the regime-tagged runs and re-scorings among `runs`; a re-scoring did not
     train, so its training time and text loss are its fit's (`sources`: rescored_sources)."""
     from phasefix import tracking
-    from phasefix.comparison import run_facts
+    from phasefix.decisive import run_facts
 
     facts = {r.info.run_id: run_facts(r, sources.get(r.info.run_id)) for r in runs
              if r.data.tags.get("regime") or r.info.run_id in sources}
@@ -337,26 +337,26 @@ def regime_facts(c, runs: Sequence, sources: Mapping) -> dict:
     return facts
 
 
-def decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapping, sources: Mapping,
+def write_decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapping, sources: Mapping,
              joined: Sequence[Mapping] = (), pooled: Sequence[Mapping] = (),
              table: str = "") -> tuple[list[str], list[dict]]:
     """Runs tagged `regime` (and `arm`; `facts`: regime_facts): the regime x arm table over seeds
-    (phasefix.comparison) with the committed runs `pooled` and rows `joined` (`joined_rows`), each run's facts
+    (phasefix.decisive) with the committed runs `pooled` and rows `joined` (`joined_rows`), each run's facts
     (decisive_runs.csv, naming `table`, the folder of its comparison.csv), the headline rows (each regime's baseline
     and best arm at equal cache entries) and the figures of the new runs (phasefix.plots). Returns the files written
     and the table's rows."""
-    from phasefix import comparison, plots, tracking
+    from phasefix import decisive, plots, tracking
 
     if not facts:
         return [], []
-    members = [{**m, "table": table} for m in comparison.run_members(rows, curves, facts)] + list(pooled)
+    members = [{**m, "table": table} for m in decisive.run_members(rows, curves, facts)] + list(pooled)
     grown = bool(joined or pooled)  # a joined table names each row's table
-    drows = comparison.decisive_rows(members, joined, table if grown else "")
-    write_csv(out / DECISIVE_CSV, drows, comparison.COLUMNS + (("table",) if grown else ()))
-    write_csv(out / DECISIVE_RUNS_CSV, members, comparison.MEMBER_COLUMNS)  # a later join pools these runs
-    (out / "decisive.md").write_text(comparison.markdown(drows))
-    (out / "headline.md").write_text(comparison.markdown(comparison.best_rows(drows)))
-    (out / "runs.md").write_text(comparison.runs_markdown(members, joined))
+    drows = decisive.decisive_rows(members, joined, table if grown else "")
+    write_csv(out / DECISIVE_CSV, drows, decisive.COLUMNS + (("table",) if grown else ()))
+    write_csv(out / DECISIVE_RUNS_CSV, members, decisive.MEMBER_COLUMNS)  # a later join pools these runs
+    (out / "decisive.md").write_text(decisive.markdown(drows))
+    (out / "headline.md").write_text(decisive.markdown(decisive.best_rows(drows)))
+    (out / "runs.md").write_text(decisive.runs_markdown(members, joined))
     files = [DECISIVE_CSV, DECISIVE_RUNS_CSV, "decisive.md", "headline.md", "runs.md"]
     for pad in PADDINGS:
         if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
@@ -424,7 +424,7 @@ def report_runs(*, experiment: str | None = None, runs: Sequence[str] = (), tags
     files, drows = [], []
     if rows:
         files += write_run_tables(out_path, rows, curves)
-        written, drows = decisive(c, out_path, rows, curves, facts, sources, joined, pooled, str(out or out_path))
+        written, drows = write_decisive(c, out_path, rows, curves, facts, sources, joined, pooled, str(out or out_path))
         files += written
     files += write_other_tables(c, out_path, runs, rows, flips)
     prows = pareto_rows(rows)

@@ -6,7 +6,7 @@ comparison file that measured the regime (`comparisons/*.yaml`: the headline's `
 folders and each comparison's `out:` folder once it holds a table; a seed scored in two folders counts once, from
 the first). Then each comparison's regime x arm matrix, the arm legend (composed from conf/arm/) and the tables.
 A regime trained for another number of steps (a comparison's `steps:`) is its own row. Arm codes of tables written
-before conf/arm/ existed are shown under today's names (`phasefix.comparison.ARM_NAMES`).
+before conf/arm/ existed are shown under today's names (`phasefix.decisive.ARM_NAMES`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from phasefix import verdict
-from phasefix.comparison import ARM_NAMES, arm_name
+from phasefix.decisive import ARM_NAMES, arm_name
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
 from phasefix.tables import CURVES_CSV, folder_members, has_table, read_curves, read_members, read_table
 from phasefix.verdict import BASELINE_ARM, GOAL_RATIO, MIN_SEEDS, Cost, Rate

@@ -9,15 +9,16 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from phasefix import comparison
-from phasefix.comparison import MEMBER_TEXT, number
+from phasefix import decisive
+from phasefix.decisive import MEMBER_TEXT, number
 from phasefix.errors import check
 from phasefix.verdict import BASELINE_ARM
 
 # The files of a committed report folder (`phasefix.report` writes them): every other module names them from here.
-SCORES_CSV = "comparison.csv"  # every run x padding: scores and provenance (command, commit, machine, time)
-DECISIVE_CSV = "decisive.csv"  # regime x arm x padding over seeds (`comparison.decisive_rows`)
-DECISIVE_RUNS_CSV = "decisive_runs.csv"  # each regime-tagged run x padding (`comparison.run_members`)
+SCORES_CSV = "comparison.csv"  # every run x padding: scores and provenance (command, commit, machine, time); the
+# name every committed folder has (older than the comparison files of comparisons/), kept so they stay readable
+DECISIVE_CSV = "decisive.csv"  # regime x arm x padding over seeds (`decisive.decisive_rows`)
+DECISIVE_RUNS_CSV = "decisive_runs.csv"  # each regime-tagged run x padding (`decisive.run_members`)
 HEADLINE_CSV = "headline.csv"  # each regime's baseline and best arm (`tables=`)
 STOPPED_MD = "stopped.md"  # the arms a staged comparison stopped after their first seeds
 CURVES_CSV = "phase_curves.csv"  # each run's phase curve per padding: accuracy by residue
@@ -50,7 +51,7 @@ def read_table(folder: str | Path) -> list[dict]:
 
 def read_scores(folder: str | Path) -> list[dict]:
     """The rows of a committed folder's `comparison.csv` (one per run and padding), cells as written (text;
-    `comparison.number` reads a score)."""
+    `decisive.number` reads a score)."""
     with open(Path(folder) / SCORES_CSV, newline="") as f:
         return list(csv.DictReader(f))
 
@@ -209,14 +210,14 @@ def headline_from_tables(specs: Sequence[str], out: Path) -> tuple[list[str], li
                   f"(DIR:REGIME)")
             source[regime] = folder
         rows += [{**r, "table": r.get("table") or folder} for r in got]  # a joined table names each row's own
-    hrows = comparison.best_rows(rows)
+    hrows = decisive.best_rows(rows)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / HEADLINE_CSV, hrows, (*comparison.COLUMNS, "table"))
-    (out / "headline.md").write_text(comparison.markdown(hrows))
+    write_csv(out / HEADLINE_CSV, hrows, (*decisive.COLUMNS, "table"))
+    (out / "headline.md").write_text(decisive.markdown(hrows))
     members, unlisted = headline_members(hrows, source)
     (out / "runs.md").write_text(headline_runs(members, unlisted, rows))
     files = [HEADLINE_CSV, "headline.md", "runs.md"]
-    bars = comparison.baseline_means(members, rows)
+    bars = decisive.baseline_means(members, rows)
     for pad in PADDINGS:
         if any(m["padding"] == pad for m in members):
             plots.save(plots.headline_worst_vs_mean(members, bars, pad), out / f"worst_vs_mean_{pad}.png")
@@ -249,9 +250,9 @@ def headline_members(hrows: Sequence[Mapping], source: Mapping[str, str]) -> tup
 
 def headline_runs(members: Sequence[Mapping], unlisted: Mapping[tuple[str, str], str],
                   rows: Sequence[Mapping]) -> str:
-    """runs.md of a headline: each run behind its rows (`comparison.runs_markdown`, the goal's bar from `rows`); the
+    """runs.md of a headline: each run behind its rows (`decisive.runs_markdown`, the goal's bar from `rows`); the
     rows whose runs no folder lists are named below the table, with where their runs are."""
-    text = comparison.runs_markdown(members, rows) if members else ""
+    text = decisive.runs_markdown(members, rows) if members else ""
     if unlisted:
         text += ("\nNot listed per run (each run is in the table's `comparison.md`): "
                  + "; ".join(f"{regime} {arm} (`{table}`)" for (regime, arm), table in unlisted.items()) + ".\n")

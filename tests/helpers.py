@@ -163,7 +163,7 @@ def committed_table(folder: Path, rows) -> Path:
     (regime, arm, seeds learned, goal met, mean, worst) and padding."""
     import math
 
-    from phasefix import comparison
+    from phasefix import decisive
     from phasefix.tables import write_csv
 
     folder.mkdir()
@@ -173,7 +173,7 @@ def committed_table(folder: Path, rows) -> Path:
              "regime": r[0], "arm": r[1], "padding": p, "seeds": 3, "learned": r[2], "acc_mean": r[4],
              "acc_worst": r[5], "goal_met": r[3], "run_ids": f"{r[1][:4]}0000"}
             for r in rows for p in ("in_sequence", "prefix")]
-    write_csv(folder / "decisive.csv", full, comparison.COLUMNS)
+    write_csv(folder / "decisive.csv", full, decisive.COLUMNS)
     return folder
 
 

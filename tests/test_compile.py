@@ -36,7 +36,7 @@ def test_fit_with_compile_records_it_and_keeps_the_checkpoint_layout(tmp_path):
     from helpers import TINY_FIT
     from phasefix.cli import compose
     from phasefix.fit import fit
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     summary = fit(compose(TINY_FIT + ["trainer.compile=true", f"logger.tracking_uri={uri}",

@@ -82,7 +82,7 @@ def test_the_learned_recipe_is_learn_recipe_trial_1_as_committed():
     import optuna
 
     from phasefix.study.confirm import trial_overrides
-    from phasefix.study.report import import_trials
+    from phasefix.study.pareto import import_trials
     from phasefix.study.spec import load_spec
 
     spec = load_spec(PROJECT_ROOT / "studies/learn_recipe.yaml")
@@ -383,7 +383,7 @@ def test_resume_with_raised_max_steps_trains_the_extra_steps_and_logs_one_curve(
     """A finished 16-step run resumed with trainer.max_steps=24 trains steps 17..24 from the final state, in the same
     MLflow run, with one final curve, no metric logged twice at one step, and train time over both pieces; a
     changed model key is refused with one line and nothing written; resuming a finished run trains nothing."""
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     small = FAST + ["trainer.max_steps=16", "trainer.log_every_n_steps=1",
                     "trainer.val_every_n_steps=8"]
@@ -485,7 +485,7 @@ def wait_for_metric(c, exp_name: str, key: str, min_step: int, proc, timeout: fl
 def test_ctrl_c_checkpoints_the_step_exits_130_and_resume_last_continues(tmp_path, monkeypatch):
     """SIGINT mid-training: a checkpoint at the interrupted step (no periodic one is due), exit 130, one line saying how
     to resume, the MLflow run KILLED; `resume=last` is then this run and finishes it."""
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     monkeypatch.setenv("PHASEFIX_OUTPUTS", str(tmp_path / "outputs"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -586,7 +586,7 @@ def test_an_interrupt_anywhere_in_a_step_resumes_to_the_uninterrupted_run(tmp_pa
 
 
 def test_run_id_prefixes_resolve_and_ambiguous_ones_list_the_matches(tmp_path):
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
     from phasefix.tracking import resolve_run_id
 
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from phasefix.comparison import arm_name
+from phasefix.decisive import arm_name
 from phasefix.fit import compose
 from phasefix.paths import PROJECT_ROOT
 from phasefix.study.cells import cells, committed_runs, identity, load_comparison

@@ -403,7 +403,7 @@ def test_a_comparisons_copy_of_another_tables_row_gives_way_to_a_folder_joined_b
     """A comparison's own folder holds the baseline rows it copied from folder `a` (their `table` names a) and its own
     arm's rows. Its regime now lists folder `b` (the same runs re-scored) first and leaves `a` out: joined for the
     comparison (skip_known), the copy gives way to b's row and the own arm stays; joined plainly, it is refused."""
-    from phasefix import comparison
+    from phasefix import decisive
     from phasefix.errors import ConfigError
     from phasefix.tables import joined_rows, read_table, write_csv
 
@@ -412,7 +412,7 @@ def test_a_comparisons_copy_of_another_tables_row_gives_way_to_a_folder_joined_b
                                              ("w4s4", "spread", 3, 3, 1.00, 0.99)])
     rows = [{**r, "table": str(tmp_path / "a") if r["arm"] == "baseline" else str(own)}
             for r in read_table(own)]
-    write_csv(own / "decisive.csv", rows, comparison.COLUMNS + ("table",))
+    write_csv(own / "decisive.csv", rows, decisive.COLUMNS + ("table",))
     got, _ = joined_rows([str(rescored), str(own)], set(), set(), ["w4s4"], skip_known=True)
     assert sorted((r["arm"], r["padding"], r["table"], r["acc_mean"]) for r in got) == [
         ("baseline", "in_sequence", str(rescored), 0.80), ("baseline", "prefix", str(rescored), 0.80),

@@ -51,7 +51,7 @@ def test_seeds_pool_across_comparisons_once_each_and_the_rule_picks_the_highest_
     same regime at 4,500 steps is its own row (its seeds are not the 3,000-step ones)."""
     from types import SimpleNamespace
 
-    from phasefix import comparison, results
+    from phasefix import decisive, results
     from phasefix.tables import write_csv
 
     pads = ("prefix", "in_sequence")
@@ -63,8 +63,8 @@ def test_seeds_pool_across_comparisons_once_each_and_the_rule_picks_the_highest_
     c = [_member("r0-again", 0, "bridge", p, 0.95, 0.10, 38016.0) for p in pads]
     for name, members in (("a", a), ("b", b), ("c", c), ("long", a)):
         (tmp_path / name).mkdir()
-        write_csv(tmp_path / name / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)
-        write_csv(tmp_path / name / "decisive.csv", [], comparison.COLUMNS)
+        write_csv(tmp_path / name / "decisive_runs.csv", members, decisive.MEMBER_COLUMNS)
+        write_csv(tmp_path / name / "decisive.csv", [], decisive.COLUMNS)
     regime = SimpleNamespace(name="w8s8", steps=None, tables=[str(tmp_path / "c")])
     comps = [SimpleNamespace(tables=[f"{tmp_path / 'a'}:w8s8"], regimes=[SimpleNamespace(name="w8s8", steps=None,
                                                                                          tables=[])], out=None),
@@ -88,13 +88,13 @@ def test_the_readme_figure_draws_the_committed_curves_of_the_unmitigated_run_and
     figure has one panel per run, the unmitigated first, each drawing the curves it was given."""
     import matplotlib
 
-    from phasefix import comparison, results, verdict
+    from phasefix import decisive, results, verdict
     from phasefix.tables import read_curves, write_csv, write_curves
 
     dip, flat = [1.0, 1.0, 1.0, 0.2] * 6, [1.0] * 24
     members = [{**_member("base0", 3, "baseline", p, 0.8, 0.2, 33792.0), "regime": "w4s4"} for p in ("prefix",)]
     members += [{**_member("arm0", 3, "bridge_gate_diversity", "prefix", 1.0, 1.0, 42240.0), "regime": "w4s4"}]
-    write_csv(tmp_path / "decisive_runs.csv", members, comparison.MEMBER_COLUMNS)
+    write_csv(tmp_path / "decisive_runs.csv", members, decisive.MEMBER_COLUMNS)
     write_curves(tmp_path, {("base0", "prefix"): dip, ("arm0", "prefix"): flat})
     assert read_curves(tmp_path) == {("base0", "prefix"): dip, ("arm0", "prefix"): flat}
     rec = verdict.recommend({"baseline": (verdict.Rate(0, 3), verdict.Cost(128, 1, 33792)),

@@ -73,7 +73,7 @@ def test_every_committed_goal_met_is_the_verdicts():
     has a `goal_met` column (seeds.csv counts `flat` seeds: it knows no regime, so no reference)."""
     import csv
 
-    from phasefix import comparison
+    from phasefix import decisive
     from phasefix.paths import PROJECT_ROOT
     from phasefix.tables import DECISIVE_CSV, HEADLINE_CSV, folder_members, read_table, same_folder
 
@@ -87,7 +87,7 @@ def test_every_committed_goal_met_is_the_verdicts():
         if path.name != DECISIVE_CSV:
             continue  # a headline's rows are copies of decisive.csv rows (test_comparisons checks the copy)
         rows, members = read_table(path.parent), folder_members(path.parent)
-        bars = comparison.baseline_means(members, rows)
+        bars = decisive.baseline_means(members, rows)
         for r in rows:
             if r.get("table") and not same_folder(PROJECT_ROOT / r["table"], path.parent):
                 continue  # a row joined from another folder: counted there

@@ -98,13 +98,13 @@ class RunContext:
 
 
 def load_run(run: str, tracking_uri: str | None = None, which: str = "last") -> RunContext:
-    """The run's trained model and evaluation task. `run`: as `phasefix.run.Run.open` takes it (an MLflow run id or a
-    unique prefix of one, a run output directory, a .ckpt path, last)."""
+    """The run's trained model and evaluation task. `run`: as `phasefix.fit_run.Run.open` takes it (an MLflow run id
+    or a unique prefix of one, a run output directory, a .ckpt path, last)."""
     from omegaconf import OmegaConf
 
     from phasefix.cli import compose
     from phasefix.data import data_config
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     r = Run.open(run, tracking_uri)
     module, hp = r.load_module(which)

@@ -1,5 +1,6 @@
 """Every figure phasefix draws (nothing here talks to MLflow; `phasefix.tracking.log_figure` logs them), in three
-modules: `run` (one run and its probes), `runs` (several runs), `study` (studies, theory); all exported here:
+modules: `one_run` (one run and its probes), `across_runs` (several runs), `study` (studies, theory); all exported
+here:
 
 - a run's phase curves (`phase_curves`) and static gates (`gate_heatmap`): fit and evaluate; the flip probe's
   log-probability difference by filler length (`flip_curve`): evaluate task=flip; accuracy by fact phase x end
@@ -8,7 +9,7 @@ modules: `run` (one run and its probes), `runs` (several runs), `study` (studies
   (`gate_stats_heatmap`), gate cycling (`cycle_prediction`), the dominant period (`period_curve`); the weights-only
   phase audit's predicted phase mass (`audit_phase_heatmap`). These take the probes' results and draw them; plots
   imports nothing from phasefix.analyze or phasefix.evaluate (they import plots);
-- several runs (`phasefix.report.collect`'s rows and curves, `phasefix.comparison.run_facts` per run): overlaid
+- several runs (`phasefix.report.collect`'s rows and curves, `phasefix.decisive.run_facts` per run): overlaid
   phase curves, the Pareto front of study members, the decisive comparison's small multiples (`phase_grid`),
   worst-vs-mean scatter and training losses; the headline's runs by regime (`headline_worst_vs_mean`); an
   unmitigated run's phase curve beside the recommended arm's (`fix_side_by_side`: the README's figure); two audits
@@ -32,10 +33,10 @@ def save(fig, path: str | Path) -> None:
     plt.close(fig)
 
 
-from phasefix.plots.run import (audit_phase_heatmap, cycle_prediction, flip_curve, gate_heatmap,  # noqa: E402
+from phasefix.plots.one_run import (audit_phase_heatmap, cycle_prediction, flip_curve, gate_heatmap,  # noqa: E402
                                 gate_stats_heatmap, knockout_heatmap, period_curve, phase_curves,
                                 phase_grid_heatmap)
-from phasefix.plots.runs import (fix_side_by_side, headline_worst_vs_mean, loss_curves, phase_grid,  # noqa: E402
+from phasefix.plots.across_runs import (fix_side_by_side, headline_worst_vs_mean, loss_curves, phase_grid,  # noqa: E402
                                  runs_pareto, runs_phase_curves, side_by_side, worst_vs_mean)
 from phasefix.plots.study import study_pareto, theory_gates  # noqa: E402
 

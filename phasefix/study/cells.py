@@ -8,7 +8,7 @@ A cell is `regime=R arm=A seed=N` (conf/regime, conf/arm) plus the file's `base`
 nothing that changes what is trained). A cell already finished is not trained again: its trial reuses
 
 - a run of a committed table the regime names (`table:`), tagged with the regime and the arm (old arm codes mapped:
-  `phasefix.comparison.ARM_NAMES`) and trained on the seed (tests/test_regimes.py checks that such runs trained
+  `phasefix.decisive.ARM_NAMES`) and trained on the seed (tests/test_regimes.py checks that such runs trained
   what the cell composes), or
 - a FINISHED fit run in the MLflow store whose logged config equals the cell's on the keys that decide what is
   trained (`IDENTITY`: model, data, optim, mitigation, trainer.max_steps, seed), whatever its tags or name.
@@ -226,7 +226,7 @@ def committed_runs(folder: str | Path) -> list[dict]:
     for m in folder_members(folder):  # the folder's own regime x arm of each run (also for re-scored runs)
         if m["run_id"] in by_id:
             by_id[m["run_id"]]["regime"], by_id[m["run_id"]]["arm"] = m["regime"], m["arm"]
-    from phasefix.comparison import arm_name
+    from phasefix.decisive import arm_name
 
     return [{**r, "arm": arm_name(r["arm"]) if r.get("arm") else None} for r in by_id.values()
             if r.get("regime") and r.get("arm") and r.get("seed") is not None]

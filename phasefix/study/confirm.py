@@ -20,10 +20,10 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from phasefix.comparison import markdown
+from phasefix.decisive import markdown
 from phasefix.errors import check
-from phasefix.run import checkpoint_path
-from phasefix.study.report import feasible
+from phasefix.fit_run import checkpoint_path
+from phasefix.study.pareto import feasible
 from phasefix.study.spec import StudySpec, sampled_params
 from phasefix.verdict import BASELINE_ARM, flat
 
@@ -164,12 +164,13 @@ def confirm(spec: StudySpec, study, k: int, workers: int = 1, experiment: str | 
     from phasefix import tracking
     from phasefix.fit import compose
     from phasefix.report import report_runs
-    from phasefix.study import runs
+    from phasefix.study import mlflow_runs
 
     check(k >= 1, "confirm", k, "must be >= 1 (the number of best trials to re-run)")
     cfg = compose(spec.base)
     uri = tracking.tracking_uri(tracking_uri or cfg.logger.tracking_uri)
-    experiment = experiment or study.user_attrs.get(runs.EXPERIMENT_ATTR) or runs.experiment_name(spec, cfg)
+    experiment = (experiment or study.user_attrs.get(mlflow_runs.EXPERIMENT_ATTR)
+                  or mlflow_runs.experiment_name(spec, cfg))
     jobs = plan(spec, study, k, experiment, uri)
     todo = [j for j in jobs if j["action"] != "done"]
     threads = 1 if workers > 1 else None

@@ -31,15 +31,15 @@ def grid_spec(comp: Comparison, grid: list[Cell], stage: str = ""):
 
 def run_grid(comp: Comparison, grid: list[Cell], stage: str, workers: int, fit_fn) -> tuple[int, dict]:
     """Run the cells' study to its end; (exit code, {cell name: its trial's metrics})."""
-    from phasefix.study import runs
+    from phasefix.study import mlflow_runs
     from phasefix.study.runner import open_for_run, run_worker, spawn_workers
-    from phasefix.study.report import counts
+    from phasefix.study.pareto import counts
 
     spec = grid_spec(comp, grid, stage)
     url = spec.storage_url()
     study = open_for_run(spec, url)
     n = counts(study)
-    print(f"[comparison] {spec.name}: {len(grid)} cells, {n['COMPLETE']} finished in {runs.redact(url)}; "
+    print(f"[comparison] {spec.name}: {len(grid)} cells, {n['COMPLETE']} finished in {mlflow_runs.redact(url)}; "
           f"{workers} worker(s)", flush=True)
     rc = run_worker(spec, url, len(grid), fit_fn=fit_fn) if workers == 1 else \
         spawn_workers(spec, url, len(grid), workers, fit_fn=fit_fn)
@@ -47,7 +47,7 @@ def run_grid(comp: Comparison, grid: list[Cell], stage: str, workers: int, fit_f
     for t in study.get_trials(deepcopy=False):
         if t.state.name == "COMPLETE":
             done[t.params["cell"]] = t.user_attrs.get("metrics") or {}
-    runs.finish_parent(study, len(done) == len(grid) and rc == 0)
+    mlflow_runs.finish_parent(study, len(done) == len(grid) and rc == 0)
     return rc, done
 
 
@@ -137,7 +137,7 @@ def rescore(comp: Comparison, evaluate_fn=None) -> int:
     for that cell (report.rescored_sources), so that every cell's worst residue rests on as many prompts. A run whose
     checkpoint is not on this machine keeps its scores (printed). Returns how many were re-scored."""
     from phasefix import tracking
-    from phasefix.comparison import number, scored_prompts
+    from phasefix.decisive import number, scored_prompts
     from phasefix.errors import ConfigError
     from phasefix.evaluate import evaluate
 

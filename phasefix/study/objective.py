@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from phasefix.errors import check
-from phasefix.run import checkpoint_path
-from phasefix.study import runs
+from phasefix.fit_run import checkpoint_path
+from phasefix.study import mlflow_runs
 from phasefix.study.spec import PruneRule, StudySpec, logged_name, sampled_params
 
 FitFn = Callable[..., dict]  # (cfg, callbacks) -> summary, like phasefix.fit.fit
@@ -126,7 +126,7 @@ def end_pruned(trial, spec: StudySpec, msg: str, where: str = ""):
     for c in spec.constraints:
         trial.set_constraint(c.key, 1.0)
     trial.set_user_attr("pruned", msg)
-    runs.mark_pruned(trial, msg)
+    mlflow_runs.mark_pruned(trial, msg)
     print(f"[study] trial {trial.number} pruned{where}: {msg}", flush=True)
     raise optuna.TrialPruned(msg)
 
@@ -222,7 +222,7 @@ def fit_seeds(trial, spec: StudySpec, ovs: list[str], extra: list[str], fit_fn: 
             run_dir = before
             overrides = [f"resume='{run_dir}'", *[o for o in extra if o.startswith("trainer.num_threads=")]]
             history = list(prior.user_attrs.get("val_history") or [])  # the last seed it trained: this one
-            runs.retag_resumed(trial, run_dir, prior.number)
+            mlflow_runs.retag_resumed(trial, run_dir, prior.number)
             print(f"[study] trial {trial.number}: continuing {run_dir} from its last checkpoint", flush=True)
         dirs[str(seed)] = str(run_dir)
         trial.set_user_attr("run_dirs", dirs)  # where a retry of this trial finds its runs

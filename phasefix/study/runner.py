@@ -17,9 +17,9 @@ import warnings
 from pathlib import Path
 
 from phasefix.errors import ConfigError, check
-from phasefix.study import runs
+from phasefix.study import mlflow_runs
 from phasefix.study.objective import FitFn, make_objective
-from phasefix.study.report import counts, import_trials, report
+from phasefix.study.pareto import counts, import_trials, report_study
 from phasefix.study.spec import StudySpec, check_storage_url, load_spec, logged_name, validate
 
 
@@ -56,7 +56,7 @@ def make_storage(spec: StudySpec, url: str, with_callbacks: bool = True):
 
     def on_stale(study, trial):
         retry(study, trial)
-        runs.mark_lost(study, trial)
+        mlflow_runs.mark_lost(study, trial)
         print(f"[study] trial {trial.number} lost its worker (no heartbeat for {spec.grace_period}s): "
               f"marked failed and retried", file=sys.stderr, flush=True)
 
@@ -137,8 +137,8 @@ def open_study(spec: StudySpec, url: str, worker: int = 0, create: bool = False)
                                     load_if_exists=True)
         stored = [d.name.lower() for d in study.directions]
         check(stored == spec.directions, "objectives", spec.directions,
-              f"differ from the stored study {spec.name!r} ({stored}) in {runs.redact(url)}: use another name or "
-              "storage")
+              f"differ from the stored study {spec.name!r} ({stored}) in {mlflow_runs.redact(url)}: use another name "
+              "or storage")
         # a study stored with the earlier spelling (prefix.acc_mean) names the same metrics: left as it is
         if [logged_name(m) for m in study.metric_names or []] != spec.metric_names:
             with warnings.catch_warnings():
@@ -160,7 +160,7 @@ def load_study(spec: StudySpec, url: str):
         try:
             return optuna.load_study(study_name=spec.name, storage=make_storage(spec, url, with_callbacks=False))
         except KeyError:
-            raise ConfigError(f"study {spec.name!r} is not in {runs.redact(url)}: run it first (or pass its "
+            raise ConfigError(f"study {spec.name!r} is not in {mlflow_runs.redact(url)}: run it first (or pass its "
                               "storage=)") from None
 
 
@@ -171,7 +171,7 @@ class TrialStartLock:
     on other machines sharing a PostgreSQL storage do not share it: they may overshoot by up to K - 1 trials."""
 
     def __init__(self, url: str, study_name: str):
-        key = hashlib.sha1(f"{runs.redact(url)}\0{study_name}".encode()).hexdigest()[:16]
+        key = hashlib.sha1(f"{mlflow_runs.redact(url)}\0{study_name}".encode()).hexdigest()[:16]
         self.path = Path(tempfile.gettempdir()) / f"phasefix-study-{key}.lock"
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self.held = False
@@ -198,7 +198,7 @@ def run_worker(spec: StudySpec, url: str, n_trials: int, worker: int = 0, thread
     import optuna
 
     study = open_study(spec, url, worker)
-    objective = make_objective(spec, study.user_attrs.get(runs.PARENT_ATTR), threads, fit_fn)
+    objective = make_objective(spec, study.user_attrs.get(mlflow_runs.PARENT_ATTR), threads, fit_fn)
     lock = TrialStartLock(url, spec.name)
 
     def started(trial):  # Optuna has created the trial (RUNNING, visible to the other workers): let them count
@@ -344,7 +344,7 @@ def open_or_import(spec: StudySpec, url: str, import_from: str | Path | None = N
 def open_for_run(spec: StudySpec, url: str, import_from: str | Path | None = None):
     """The study ready for workers: opened (or imported), its MLflow parent run there, interrupted trials re-queued."""
     study = open_or_import(spec, url, import_from)
-    runs.ensure_parent_run(spec, study, url)
+    mlflow_runs.ensure_parent_run(spec, study, url)
     requeue_interrupted(spec, study)
     return study
 
@@ -378,7 +378,7 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
               report_only: bool = False, fit_fn: FitFn | None = None, import_from: str | Path | None = None) -> dict:
     """Validate, create or resume the study, run the workers, report. `import_from`: a trials.csv whose finished
     trials start a study that is not in the storage yet (ignored once it is). `fit_fn` replaces
-    `phasefix.fit.fit` in every worker (tests: a cheap stand-in). Returns report()'s dict plus 'rc'."""
+    `phasefix.fit.fit` in every worker (tests: a cheap stand-in). Returns report_study()'s dict plus 'rc'."""
     spec, url = spec_and_url(path, storage)
     budget = spec.n_trials if n_trials is None else n_trials
     check(budget >= 1, "n_trials", budget, "must be >= 1")
@@ -386,12 +386,12 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
     if import_from is not None:
         check(Path(import_from).is_file(), "import_trials", str(import_from), "must be an existing trials.csv")
     if report_only:
-        return {**report(spec, load_study(spec, url), url), "rc": 0}
+        return {**report_study(spec, load_study(spec, url), url), "rc": 0}
     validate(spec)
     study = open_for_run(spec, url, import_from)
     n = counts(study)
-    print(f"[study] {spec.name}: {runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "
-          f"{workers} worker(s); MLflow parent run {study.user_attrs.get(runs.PARENT_ATTR)}", flush=True)
+    print(f"[study] {spec.name}: {mlflow_runs.redact(url)}; {n['COMPLETE'] + n['PRUNED']} of {budget} trials finished, "
+          f"{workers} worker(s); MLflow parent run {study.user_attrs.get(mlflow_runs.PARENT_ATTR)}", flush=True)
     interrupted = False
     try:
         if workers == 1:
@@ -402,11 +402,11 @@ def run_study(path: str | Path, n_trials: int | None = None, storage: str | None
         interrupted, rc = True, 130
     n = counts(study)
     complete = n["COMPLETE"] + n["PRUNED"] >= budget and n["RUNNING"] == 0
-    res = report(spec, load_study(spec, url), url)
+    res = report_study(spec, load_study(spec, url), url)
     if rc and complete:
         print("[study] the study reached its budget; a worker ended abnormally and its trials were retried",
               file=sys.stderr)
         rc = 0
-    runs.finish_parent(study, complete and not interrupted)
+    mlflow_runs.finish_parent(study, complete and not interrupted)
     res["rc"] = rc
     return res

@@ -1,11 +1,11 @@
-"""The decisive comparison's rules (phasefix.comparison) on hand-built runs, and its figures render."""
+"""The decisive comparison's rules (phasefix.decisive) on hand-built runs, and its figures render."""
 import math
 
 import matplotlib
 from matplotlib.collections import PathCollection
 import pytest
 
-from phasefix import comparison, plots
+from phasefix import decisive, plots
 
 
 def _row(rid, pad, mean, worst, gap=0.5, period=4.0, train=100.0, lm=math.nan):
@@ -19,10 +19,10 @@ def _facts(regime, arm, learned):
 
 
 def test_boundary_residues_and_worst_excluding_them():
-    assert comparison.boundary_residues(24, 4) == [3, 7, 11, 15, 19, 23]
-    assert comparison.boundary_residues(24, 8) == [7, 15, 23]
+    assert decisive.boundary_residues(24, 4) == [3, 7, 11, 15, 19, 23]
+    assert decisive.boundary_residues(24, 8) == [7, 15, 23]
     curve = [1.0, 0.9, 0.8, 0.1] * 6  # the boundary phase 3 is the worst; excluding it the worst is 0.8
-    assert comparison.worst_excluding_boundary(curve, 4) == 0.8
+    assert decisive.worst_excluding_boundary(curve, 4) == 0.8
 
 
 def test_rows_average_learned_seeds_only_and_goal_needs_baseline_mean():
@@ -34,7 +34,7 @@ def test_rows_average_learned_seeds_only_and_goal_needs_baseline_mean():
              "b2": _facts("w4s4", "baseline", False), "m0": _facts("w4s4", "token_shift", True),
              "m1": _facts("w4s4", "token_shift", True), "m2": _facts("w4s4", "token_shift", True)}
     curves = {(r["run_id"], "prefix"): [1.0, 1.0, 1.0, r["acc_worst"]] * 6 for r in rows}
-    drows = comparison.decisive_rows(comparison.run_members(rows, curves, facts))
+    drows = decisive.decisive_rows(decisive.run_members(rows, curves, facts))
     assert [(d["regime"], d["arm"]) for d in drows] == [("w4s4", "baseline"), ("w4s4", "token_shift")]
     base, arm = drows
     assert (base["seeds"], base["learned"]) == (3, 2)
@@ -42,8 +42,8 @@ def test_rows_average_learned_seeds_only_and_goal_needs_baseline_mean():
     assert base["goal_met"] == 0
     assert arm["goal_met"] == 1 and arm["learned"] == 3
     assert arm["worst_excl_boundary"] == 1.0  # every non-boundary residue is at 1.0 in these curves
-    assert comparison.best_rows(drows) == [base, arm]
-    md = comparison.markdown(drows)
+    assert decisive.best_rows(drows) == [base, arm]
+    md = decisive.markdown(drows)
     assert "| w4s4 | token_shift | prefix | 3/3 |" in md and "1/3" in md
 
 
@@ -60,7 +60,7 @@ def test_each_seed_is_listed_with_the_goal_in_bold_where_that_run_meets_it():
     for r in rows:
         r["run_id"] = r["run_id"] + "0" * 30
     facts = {k + "0" * 30: v for k, v in facts.items()}
-    md = comparison.runs_markdown(comparison.run_members(rows, {}, facts))
+    md = decisive.runs_markdown(decisive.run_members(rows, {}, facts))
     lines = md.splitlines()
     assert lines[0] == "| regime | arm | run | prefix: mean / worst | in_sequence: mean / worst |"
     assert lines[2:] == [
@@ -75,12 +75,12 @@ def test_each_seed_is_listed_with_the_goal_in_bold_where_that_run_meets_it():
 def test_a_regime_whose_baseline_never_learns_meets_no_goal():
     rows = [_row("b0", "prefix", 0.01, 0.0), _row("m0", "prefix", 0.9, 0.9)]
     facts = {"b0": _facts("hard", "baseline", False), "m0": _facts("hard", "gate_diversity", True)}
-    drows = comparison.decisive_rows(comparison.run_members(rows, {}, facts))
+    drows = decisive.decisive_rows(decisive.run_members(rows, {}, facts))
     assert not drows[0]["baseline_learned"]
-    assert "baseline not learned" in comparison.markdown(drows)
-    alone = comparison.decisive_rows(comparison.run_members([_row("m0", "prefix", 0.9, 0.9)], {},
+    assert "baseline not learned" in decisive.markdown(drows)
+    alone = decisive.decisive_rows(decisive.run_members([_row("m0", "prefix", 0.9, 0.9)], {},
                                                             {"m0": _facts("new", "shared", True)}))
-    assert "| no baseline run |" in comparison.markdown(alone)
+    assert "| no baseline run |" in decisive.markdown(alone)
 
 
 def test_figures_render(tmp_path):
@@ -131,13 +131,13 @@ def test_the_headline_arm_is_judged_on_every_padding_at_the_baselines_cache_size
              _drow("w8s8", "both", "prefix", 2, 2, 0.9, 0.8, 1),
              _drow("w8s8", "bigger_cache", "in_sequence", 2, 2, 1.0, 1.0, 2, entries=1.0),
              _drow("w8s8", "bigger_cache", "prefix", 2, 2, 1.0, 1.0, 2, entries=1.0)]
-    best = comparison.best_rows(rows)
+    best = decisive.best_rows(rows)
     assert [(r["arm"], r["padding"]) for r in best] == [("baseline", "in_sequence"), ("baseline", "prefix"),
                                                         ("both", "in_sequence"), ("both", "prefix")]
     # a single seed meeting the goal everywhere with a higher worst residue does not outrank three seeds doing it
     three = [_drow("w8s8", "three", p, 3, 3, 0.95, 0.88, 3) for p in ("in_sequence", "prefix")]
     one = [_drow("w8s8", "one", p, 1, 1, 0.95, 0.89, 1) for p in ("in_sequence", "prefix")]
-    assert {r["arm"] for r in comparison.best_rows(rows + one + three)} == {"baseline", "three"}
+    assert {r["arm"] for r in decisive.best_rows(rows + one + three)} == {"baseline", "three"}
 
 
 def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folders(tmp_path):
@@ -150,10 +150,10 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     write_csv(b / "decisive.csv", [_drow("w8s8", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
-                                   _drow("w8s8", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], comparison.COLUMNS)
+                                   _drow("w8s8", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], decisive.COLUMNS)
     write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
                                    _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3),
-                                   _drow("w8s8", "baseline", "prefix", 1, 0, 0.03, 0.0, 0)], comparison.COLUMNS)
+                                   _drow("w8s8", "baseline", "prefix", 1, 0, 0.03, 0.0, 0)], decisive.COLUMNS)
     back = [r for r in read_table(a) if r["regime"] == "w8s8"]
     assert len(back) == 1 and back[0]["seeds"] == 1 and back[0]["learned"] == 0 and math.isnan(back[0]["lm_loss"])
     assert back[0]["baseline_run"] and not back[0]["baseline_learned"]
@@ -166,7 +166,7 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     runs = [{"run_id": f"{i}" * 32, "run_name": f"{arm}-s{i}", "regime": "w8s8", "arm": arm, "padding": "prefix",
              "learned": True, "acc_mean": mean, "acc_worst": worst, "table": str(b)}
             for i, arm, mean, worst in ((1, "baseline", 0.8, 0.3), (2, "token_shift", 1.0, 0.95))]
-    write_csv(b / "decisive_runs.csv", runs, comparison.MEMBER_COLUMNS)
+    write_csv(b / "decisive_runs.csv", runs, decisive.MEMBER_COLUMNS)
     files, _ = headline_from_tables([f"{a}:w4s4", str(b)], tmp_path / "h")
     assert files[3:] == ["worst_vs_mean_prefix.png"]  # the runs it lists, by regime
     assert (tmp_path / "h" / "worst_vs_mean_prefix.png").stat().st_size > 0
@@ -182,7 +182,7 @@ def test_a_headline_from_committed_tables_reads_them_back_and_names_their_folder
     md = (tmp_path / "h" / "headline.md").read_text()
     assert "| w8s8 | token_shift | prefix | 3/3 | 1.000 | 0.950 |" in md and f"`{b}` |" in md
     # read back, a mean prints as the table's own markdown prints it: (0.7335 + 0.7101 + 0.9010) / 3 = 0.78153
-    write_csv(b / "decisive.csv", [_drow("w8s8", "baseline", "prefix", 3, 3, 0.78153, 0.3, 0)], comparison.COLUMNS)
+    write_csv(b / "decisive.csv", [_drow("w8s8", "baseline", "prefix", 3, 3, 0.78153, 0.3, 0)], decisive.COLUMNS)
     headline_from_tables([str(b)], tmp_path / "h")
     assert "| w8s8 | baseline | prefix | 3/3 | 0.782 |" in (tmp_path / "h" / "headline.md").read_text()
     for specs, says in (([str(a), str(b)], "repeats regime w8s8"), ([f"{a}:w6s6"], "has no regime w6s6"),
@@ -219,7 +219,7 @@ def test_a_folder_written_before_decisive_runs_csv_gives_its_runs_from_its_two_t
     drows = [{**_drow("w8s8", "baseline", p, 3, 2, 0.75, 0.25, 0), "run_ids": base} for p in ("prefix",)]
     drows += [{**_drow("w8s8", "shift", p, 3, 3, 0.8, 0.66, 1), "run_ids": arm} for p in ("prefix",)]
     drows += [{**_drow("w8s8", "other", "prefix", 3, 3, 0.9, 0.9, 3, entries=1.0), "table": "docs/figures/elsewhere"}]
-    write_csv(f / "decisive.csv", drows, (*comparison.COLUMNS, "table"))
+    write_csv(f / "decisive.csv", drows, (*decisive.COLUMNS, "table"))
     members = folder_members(f)
     assert {(m["run_name"], m["padding"], m["learned"]) for m in members} == {
         ("base-s0", "prefix", False), ("base-s1", "prefix", True), ("base-s2", "prefix", True),
@@ -249,7 +249,7 @@ def test_a_document_quotes_the_headline_as_written_and_a_bad_document_is_refused
     a = tmp_path / "a"
     a.mkdir()
     write_csv(a / "decisive.csv", [_drow("w4s4", "baseline", "prefix", 3, 2, 0.8, 0.3, 0),
-                                   _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], comparison.COLUMNS)
+                                   _drow("w4s4", "token_shift", "prefix", 3, 3, 1.0, 0.95, 3)], decisive.COLUMNS)
     (tmp_path / "docs").mkdir()
     doc = tmp_path / "docs" / "results.md"
     other = "<!-- quote: ../a/decisive.md -->\nkept by hand\n<!-- /quote -->\n"

@@ -1,6 +1,6 @@
 """The study's report: `pareto.csv` (the Pareto front from Optuna's `study.best_trials`), `trials.csv` (every
-trial), `importances.csv` (Optuna's parameter importances per objective), `pareto.png`, logged to the MLflow
-parent run and printed as a table."""
+trial; `import_trials` reads it back), `importances.csv` (Optuna's parameter importances per objective), `pareto.png`,
+logged to the MLflow parent run and printed as a table (`report_study`)."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from phasefix.errors import check
-from phasefix.study import runs
+from phasefix.study import mlflow_runs
 from phasefix.study.spec import StudySpec, logged_name, sampled_params
 
 # metrics a row shows besides the objectives (from the trial's user attr `metrics`)
@@ -280,7 +280,7 @@ def confirmed_baseline(out: Path) -> tuple[float, float, int] | None:
     return None if math.isnan(row["acc_mean"]) else (row["acc_mean"], row["acc_worst"], row["learned"])
 
 
-def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: bool = False) -> dict:
+def report_study(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: bool = False) -> dict:
     """Write pareto.csv, trials.csv and pareto.png under the reports dir, log them to the parent run, print the
     best trade-offs. Returns {'pareto': rows, 'dir': path, 'counts': ..., 'parent_run_id': ...}."""
     trials = study.get_trials(deepcopy=False)
@@ -301,12 +301,12 @@ def report(spec: StudySpec, study, url: str, log_to_mlflow: bool = True, quiet: 
     if log_to_mlflow:
         best = {m: (max if d == "maximize" else min)(r[m] for r in front_rows)
                 for m, d in zip(spec.metric_names, spec.directions) if front_rows}
-        runs.log_report(study, [out / "pareto.png", out / "pareto.csv", out / "trials.csv",
+        mlflow_runs.log_report(study, [out / "pareto.png", out / "pareto.csv", out / "trials.csv",
                                 *([out / "importances.csv"] if imp else [])], n, best)
-    parent = study.user_attrs.get(runs.PARENT_ATTR)
+    parent = study.user_attrs.get(mlflow_runs.PARENT_ATTR)
     if not quiet:
         twins = sum(duplicate(t) for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
-        print(f"\nstudy {spec.name} ({runs.redact(url)}): {n['COMPLETE']} complete and {n['PRUNED']} pruned "
+        print(f"\nstudy {spec.name} ({mlflow_runs.redact(url)}): {n['COMPLETE']} complete and {n['PRUNED']} pruned "
               f"({twins} of these took an earlier trial's result: the same params, not trained), {n['FAIL']} failed, "
               f"{n['RUNNING']} running, {n['WAITING']} waiting; MLflow parent run {parent}")
         print(f"Pareto front ({len(front)} trials, best {spec.metric_names[0]} first):")

@@ -128,7 +128,7 @@ def mark_lost(study, trial) -> None:
 def retag_resumed(trial, run_dir: Path, retry_of: int) -> None:
     """A run a retry continues: tagged with the retry's trial number (and the trial it was started by)."""
     from phasefix import tracking
-    from phasefix.run import Run
+    from phasefix.fit_run import Run
 
     run = Run.open(str(run_dir), key="resume")  # run.json: its MLflow run and store
     try:

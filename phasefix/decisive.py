@@ -1,4 +1,4 @@
-"""The decisive comparison (docs/results.md): regimes x arms x seeds, judged on runs that learned.
+"""The decisive table (decisive.csv, docs/results.md): regimes x arms x seeds, judged on runs that learned.
 
 Runs carry two MLflow tags, `regime` (e.g. `w4s4`, `coverage_w8s8`) and `arm` (`baseline` = unmitigated, a
 mitigation, a model option); `phasefix.report` turns the rows of `report.collect` into one table row per

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
-from phasefix.comparison import boundary_residues
+from phasefix.decisive import boundary_residues
 from phasefix.verdict import BASELINE_ARM, GOAL_RATIO, member_meets_goal
 from phasefix.data.layout import PADDINGS
 

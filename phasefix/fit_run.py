@@ -1,4 +1,4 @@
-"""A trained run's home: its output directory, config, checkpoints and MLflow run id (issue 20, first step).
+"""A fit run's home (what `phasefix.fit` trains): its output directory, config, checkpoints and MLflow run id.
 
 Every command that names a run (`fit resume=`, `evaluate model=`, `analyze run=`, `report runs=`) goes through
 `Run.open(spec)`, or through `tracking.resolve_run_id` when only the MLflow run is needed. `spec` is one of
