@@ -111,6 +111,47 @@ def test_layering_is_regime_recipe_arm_then_command_line():
     assert "set by both regime=coverage_w8s8 and arm=bridge_shift_wide, arm's value used: model.head_dim" in both
 
 
+@pytest.fixture
+def probe_configs():
+    """A recipe, a regime that picks it and a regime composed on that one, laid out as conf/regime/*.yaml lay
+    theirs out (`_self_`, then `/recipe: NAME`; a derived regime: its parent, then `_self_`), registered in Hydra's
+    ConfigStore for this test only."""
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    before = {g: set(repo.get(g, {})) for g in ("regime", "recipe")}
+    store = ConfigStore.instance().store
+    store(group="recipe", name="probe_recipe", package="_global_",
+          node={"optim": {"lr": 0.25, "warmup_steps": 7}, "model": {"payload_init": "shared"}})
+    store(group="regime", name="probe_regime", package="_global_",
+          node={"defaults": ["_self_", {"/recipe": "probe_recipe"}],
+                "optim": {"lr": 0.1, "weight_decay": 0.3}, "model": {"payload_init": "independent"}})
+    store(group="regime", name="probe_child", package="_global_",
+          node={"defaults": ["probe_regime", "_self_"], "optim": {"lr": 0.5}})
+    yield
+    for group, names in before.items():
+        for name in set(repo.get(group, {})) - names:
+            del repo[group][name]
+        if not repo.get(group, True):
+            del repo[group]
+
+
+def test_a_regimes_recipe_wins_the_keys_both_set_and_a_derived_regime_wins_over_its_parents_recipe(probe_configs):
+    """The one rule (docs/fit.md, "Which layer wins a key"; conf/fit.yaml): later in the defaults list wins. A regime
+    lists its own keys, then its recipe: the recipe's value of a key both set is used. A regime composed on another
+    comes after that regime and its recipe: its own value is used. `recipe=` on the command line replaces the
+    regime's pick; the command line's keys win over all. Expected values written by hand from the probe files."""
+    regime = compose(["regime=probe_regime"])
+    assert (regime.regime, regime.recipe) == ("probe_regime", "probe_recipe")
+    assert (regime.optim.lr, regime.model.payload_init) == (0.25, "shared")  # both set: the recipe's
+    assert (regime.optim.weight_decay, regime.optim.warmup_steps) == (0.3, 7)  # one sets: its own
+    child = compose(["regime=probe_child"])
+    assert (child.recipe, child.optim.lr, child.model.payload_init) == ("probe_recipe", 0.5, "shared")
+    plain = compose(["regime=probe_regime", "recipe=none"])
+    assert (plain.optim.lr, plain.model.payload_init, plain.optim.warmup_steps) == (0.1, "independent", 200)
+    assert compose(["regime=probe_child", "optim.lr=0.9"]).optim.lr == 0.9
+
+
 def test_run_name_and_tags_come_from_the_choices():
     from phasefix.fit import run_name
 
