@@ -1,7 +1,7 @@
 """The decisive table (decisive.csv, docs/results.md): regimes x arms x seeds, judged on runs that learned.
 
 Runs carry two MLflow tags, `regime` (e.g. `w4s4`, `coverage_w8s8`) and `arm` (`baseline` = unmitigated, a
-mitigation, a model option); `phasefix.report` turns the rows of `report.collect` into one table row per
+mitigation, a model option); `phasefix.report` turns the rows of `run_scores.collect` into one table row per
 (regime, arm, padding) and two figures (`phasefix.plots`):
 
 - **learned**, **goal met** and the goal's bar (the unmitigated mean over its learned seeds): `phasefix.verdict`.
@@ -77,9 +77,9 @@ def worst_excluding_boundary(curve: Sequence[float], stride: int) -> float:
 
 
 def run_facts(run, source=None) -> dict:
-    """What the comparison needs from one MLflow run beyond `report.collect`'s row: regime, arm, learned, costs.
-    `source`: the fit run that `run` (an evaluate run) re-scored: what the model is (regime, arm, task, costs) comes
-    from it, the accuracy from `run`."""
+    """What the decisive table needs from one MLflow run beyond `run_scores.collect`'s row: regime, arm, learned,
+    costs. `source`: the fit run that `run` (an evaluate run) re-scored: what the model is (regime, arm, task,
+    costs) comes from it, the accuracy from `run`."""
     from phasefix.tracking import phase_metric
 
     params, tags = (source or run).data.params, (source or run).data.tags
@@ -112,8 +112,8 @@ MEMBER_TEXT = ("run_id", "run_name", "regime", "arm", "padding", "table")
 
 def run_members(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping]) -> list[dict]:
     """One member per regime-tagged run and padding: what `decisive_rows` aggregates over seeds (`rows`, `curves`
-    from report.collect, `facts` {run_id: run_facts(run)}); written per run to `decisive_runs.csv` so that a later
-    report can pool new seeds with these (`read_members`)."""
+    from run_scores.collect, `facts` {run_id: run_facts(run)}); written per run to `decisive_runs.csv` so that a
+    later report can pool new seeds with these (`read_members`)."""
     out = []
     for r in rows:
         f = facts.get(r["run_id"], {})

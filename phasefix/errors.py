@@ -26,3 +26,25 @@ def check_all(*checks) -> None:
             failed.append(str(e))
     if failed:
         raise ConfigError("; ".join(failed))
+
+
+def check_number(key: str, v, kind=float):
+    """`v` as a float (`kind=int`: an int), or one line saying it must be a number (an integer)."""
+    if isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    check(isinstance(v, (int, float)) and not isinstance(v, bool), key, v, "must be a number")
+    if kind is int:
+        check(float(v).is_integer(), key, v, "must be an integer")
+        return int(v)
+    return float(v)
+
+
+def check_known_keys(d: dict, allowed, where: str, what: str) -> None:
+    """One line naming the first unknown key of the mapping at `where` and the allowed ones."""
+    unknown = sorted((k for k in d if k not in allowed), key=str)
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        check(False, key, d[unknown[0]], f"is not {what}: allowed keys are {', '.join(allowed)}")

@@ -1,5 +1,6 @@
-"""The shape of the code base (issue 20's goals): phasefix's import graph has no circle, lazy imports inside
-functions included, and no module grows past ~500 lines. Read from the source with `ast`, not by importing it."""
+"""The shape of the code base (issues 20 and 68): phasefix's import graph has no circle and no arrow back up (a lower
+layer importing a higher one), lazy imports inside functions included; no module is over 500 lines and no function
+over 80. Read from the source with `ast`, not by importing it."""
 import ast
 import sys
 from pathlib import Path
@@ -7,7 +8,24 @@ from pathlib import Path
 from phasefix.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "phasefix"
-MAX_LINES = 520
+MAX_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+# The layers, lowest first: a module imports only modules of its own layer or of a lower one (each name covers its
+# submodules). Every module of phasefix is in one layer, so a new module has to be placed.
+LAYERS = (
+    ("base", ("phasefix", "phasefix.errors", "phasefix.paths", "phasefix.verdict", "phasefix.quotes",
+              "phasefix.precision", "phasefix.kernels")),
+    ("model and data", ("phasefix.model", "phasefix.data", "phasefix.metrics")),
+    ("config and training parts", ("phasefix.config", "phasefix.mitigations", "phasefix.predict", "phasefix.endpoint",
+                                   "phasefix.lm_eval_tasks")),
+    ("tracking, tables and figures", ("phasefix.tracking", "phasefix.decisive", "phasefix.tables", "phasefix.plots",
+                                      "phasefix.console", "phasefix.cli", "phasefix.module")),
+    ("runs", ("phasefix.fit_run", "phasefix.run_scores", "phasefix.side_by_side", "phasefix.evaluate")),
+    ("apps", ("phasefix.fit", "phasefix.report", "phasefix.analyze", "phasefix.ui", "phasefix.theory")),
+    ("studies", ("phasefix.study",)),
+    ("pages", ("phasefix.results",)),
+)
 
 
 def modules() -> dict[str, Path]:
@@ -82,7 +100,63 @@ def test_a_circle_is_found_when_there_is_one(tmp_path, monkeypatch):
     assert circles(graph) == ["phasefix.a -> phasefix.b -> phasefix.a"]
 
 
-def test_no_module_is_over_about_500_lines():
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index of the layer whose most specific name covers `module` (None: in no layer)."""
+    best = None
+    for i, (_, names) in enumerate(layers):
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and (best is None or len(n) > len(best[1])):
+                best = (i, n)
+    return None if best is None else best[0]
+
+
+def arrows_up(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Every import of a module in a higher layer, as 'a (layer) -> b (layer)'."""
+    names = [name for name, _ in layers]
+    return sorted(f"{m} ({names[layer_of(m, layers)]}) -> {d} ({names[layer_of(d, layers)]})"
+                  for m, deps in graph.items() for d in deps if layer_of(d, layers) > layer_of(m, layers))
+
+
+def test_every_module_is_in_a_layer_and_no_import_points_up():
+    graph = import_graph()
+    assert [m for m in graph if layer_of(m) is None] == []
+    assert arrows_up(graph) == []
+    # the layers the issue names: the model, kernels, data, metrics, verdict and tables are below the apps
+    low = ("phasefix.model", "phasefix.kernels", "phasefix.data", "phasefix.metrics", "phasefix.verdict",
+           "phasefix.tables")
+    high = ("phasefix.fit", "phasefix.evaluate", "phasefix.study", "phasefix.report", "phasefix.results")
+    assert max(layer_of(m) for m in low) < min(layer_of(m) for m in high)
+
+
+def test_an_arrow_up_is_found_when_there_is_one():
+    """The check itself, on a hand-written graph: `a.low` importing `b.high` (lazily or not) is one arrow up."""
+    layers = (("low", ("a",)), ("high", ("b",)))
+    assert arrows_up({"a.low": {"b.high"}, "b.high": {"a"}}, layers) == ["a.low (low) -> b.high (high)"]
+    assert arrows_up({"a.low": set(), "b.high": {"a.low"}}, layers) == []
+
+
+def long_functions(path: Path) -> dict[str, int]:
+    """'file:function' -> lines, for each function (methods and nested ones too) over MAX_FUNCTION_LINES."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_FUNCTION_LINES:
+                out[f"{path.relative_to(PROJECT_ROOT)}:{node.name}"] = n
+    return out
+
+
+def test_no_function_is_over_80_lines(tmp_path, monkeypatch):
+    assert {k: v for f in modules().values() for k, v in long_functions(f).items()} == {}
+    # the measure itself: a hand-written function of 81 lines (def, 79 statements, return) and one of 80
+    monkeypatch.setattr(sys.modules[__name__], "PROJECT_ROOT", tmp_path)
+    src = tmp_path / "m.py"
+    src.write_text("def long():\n" + "    x = 1\n" * 79 + "    return x\n\n\n"
+                   "def short():\n" + "    x = 1\n" * 78 + "    return x\n")
+    assert long_functions(src) == {"m.py:long": 81}
+
+
+def test_no_module_is_over_500_lines():
     long = {m: n for m, f in modules().items() if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert long == {}
 

@@ -9,7 +9,7 @@ here:
   (`gate_stats_heatmap`), gate cycling (`cycle_prediction`), the dominant period (`period_curve`); the weights-only
   phase audit's predicted phase mass (`audit_phase_heatmap`). These take the probes' results and draw them; plots
   imports nothing from phasefix.analyze or phasefix.evaluate (they import plots);
-- several runs (`phasefix.report.collect`'s rows and curves, `phasefix.decisive.run_facts` per run): overlaid
+- several runs (`phasefix.run_scores.collect`'s rows and curves, `phasefix.decisive.run_facts` per run): overlaid
   phase curves, the Pareto front of study members, the decisive comparison's small multiples (`phase_grid`),
   worst-vs-mean scatter and training losses; the headline's runs by regime (`headline_worst_vs_mean`); an
   unmitigated run's phase curve beside the recommended arm's (`fix_side_by_side`: the README's figure); two audits

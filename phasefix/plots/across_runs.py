@@ -20,7 +20,7 @@ def _palette(n: int) -> list:
 
 def runs_phase_curves(rows: Sequence[Mapping], curves: Mapping):
     """Several runs' phase curves overlaid (phasefix.report), one panel per padding; the stride grid when all runs
-    share one stride. rows/curves: `phasefix.report.collect`'s."""
+    share one stride. rows/curves: `phasefix.run_scores.collect`'s."""
     pads = [p for p in PADDINGS if any(r["padding"] == p for r in rows)]
     fig, axes = plt.subplots(len(pads), 1, figsize=(8, 3.0 * len(pads)), squeeze=False)
     strides = {r["stride"] for r in rows if str(r["stride"]).isdigit()}

@@ -4,6 +4,7 @@
 commands in docs/studies.md. The modules, in the order a study uses them:
 
 - `spec`: the study file as typed dataclasses (parsing; validation against the fit config, before any trial);
+- `search_space`: its params (parsed, their overrides and the mitigations they enable);
 - `objective`: the search space as overrides, the objective calling `phasefix.fit.fit`, the pruning callback;
 - `runner`: the RDB storage with heartbeats and retries, the sampler, the budget loop, worker processes, `run_study`;
 - `pareto`: the study's report: the Pareto front (Optuna's `best_trials`), trials.csv (and its import), parameter

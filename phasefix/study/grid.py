@@ -15,7 +15,8 @@ from phasefix.study.cells import Cell, Comparison, FitOrReuse, cells, load_compa
 def grid_spec(comp: Comparison, grid: list[Cell], stage: str = ""):
     """The cells as a study: one categorical param `cell` (name -> its overrides) sampled by Optuna's GridSampler,
     one trial per cell, the default objectives (prefix acc_mean and acc_worst)."""
-    from phasefix.study.spec import Objective, Param, StudySpec
+    from phasefix.study.search_space import Param
+    from phasefix.study.spec import Objective, StudySpec
 
     param = Param(name="cell", type="categorical", choices=[c.name for c in grid],
                   choice_overrides={c.name: c.overrides() for c in grid})
@@ -134,8 +135,8 @@ def rescore(comp: Comparison, evaluate_fn=None) -> int:
     """Score again, on the file's `per_residue` prompts per residue group, every FINISHED fit run of the comparison
     (tag comparison=<name>) scored on fewer and not re-scored on as many yet: `phasefix.evaluate` of its last
     checkpoint (same task, same evaluation seed), an evaluate run tagged comparison=<name> that the tables then take
-    for that cell (report.rescored_sources), so that every cell's worst residue rests on as many prompts. A run whose
-    checkpoint is not on this machine keeps its scores (printed). Returns how many were re-scored."""
+    for that cell (run_scores.rescored_sources), so that every cell's worst residue rests on as many prompts. A run
+    whose checkpoint is not on this machine keeps its scores (printed). Returns how many were re-scored."""
     from phasefix import tracking
     from phasefix.decisive import number, scored_prompts
     from phasefix.errors import ConfigError

@@ -8,7 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from phasefix.study.spec import Param, StudySpec
+from phasefix.study.search_space import Param
+from phasefix.study.spec import StudySpec
 
 PARENT_ATTR = "mlflow_parent_run_id"  # the study's user attrs that locate the parent run
 URI_ATTR = "mlflow_tracking_uri"

@@ -6,23 +6,21 @@ corners of the search space with `phasefix.fit.compose`, so that a misspelt over
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from phasefix.data.layout import PADDINGS
-from phasefix.errors import ConfigError, check, check_choice
+from phasefix.errors import ConfigError, check, check_choice, check_known_keys, check_number
 from phasefix.paths import OUTPUTS_DIR
+from phasefix.study.search_space import Param, base_mitigations, parse_params
 
 TOP_KEYS = ("name", "description", "base", "params", "objectives", "constraints", "sampler", "n_trials", "timeout",
             "storage", "pruning", "max_failures", "output_dir", "reports_dir", "experiment_name", "confirm", "seeds",
             "duplicates")
 DUPLICATES = ("reuse", "rerun")  # a trial whose params a finished trial already had: its values, or a new fit
 CONFIRM_KEYS = ("seeds", "baseline")
-PARAM_KEYS = ("choices", "high", "log", "low", "override", "requires", "step", "type")
-PARAM_TYPES = ("categorical", "int", "float", "logfloat")
 SAMPLER_KEYS = {"tpe": ("type", "seed", "n_startup_trials", "multivariate"),
                 "nsga2": ("type", "seed", "population_size"), "random": ("type", "seed"),
                 "grid": ("type", "seed")}
@@ -30,7 +28,6 @@ SAMPLERS = tuple(SAMPLER_KEYS)
 STORAGE_KEYS = ("url", "heartbeat_interval", "grace_period", "max_retry")
 DIRECTIONS = ("maximize", "minimize")
 VAL_METRICS = ("acc_mean", "acc_worst", "acc_gap")  # what the module logs as val/<padding>/<key>
-NONE_CHOICES = ("none", "null", "", None)
 
 
 def logged_name(metric: str, split: str = "final") -> str:
@@ -51,32 +48,6 @@ def metric_padding(metric: str) -> str | None:
     """The padding a phase metric (`<split>/<padding>/<key>`) reads, None for other metrics."""
     parts = metric.split("/")
     return parts[1] if len(parts) == 3 and parts[1] in PADDINGS else None
-
-
-@dataclass
-class Param:
-    name: str
-    type: str
-    override: str | None = None            # the config key this param sets (None: choices are override lists)
-    choices: list = field(default_factory=list)               # categorical: the values Optuna sees (str/num)
-    choice_overrides: dict = field(default_factory=dict)      # categorical: value -> list of overrides
-    low: float | None = None
-    high: float | None = None
-    step: float | None = None
-    log: bool = False
-    requires: tuple[str, ...] = ()         # mitigations that must be enabled for this param to be sampled
-
-    @property
-    def sets_mitigations(self) -> bool:
-        return self.override is not None and self.override.lstrip("+") == "mitigation"
-
-    def overrides(self, value) -> list[str]:
-        if self.type == "categorical":
-            return list(self.choice_overrides[value])
-        return [f"{self.override}={value!r}" if isinstance(value, float) else f"{self.override}={value}"]
-
-    def mitigations(self, value) -> set[str]:
-        return set() if value in NONE_CHOICES else set(str(value).split("+"))
 
 
 @dataclass
@@ -164,99 +135,6 @@ class StudySpec:
         return self.output_dir or (OUTPUTS_DIR / "studies" / self.name)
 
 
-def _num(key: str, v, kind=float):
-    if isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string
-        try:
-            v = float(v)
-        except ValueError:
-            pass
-    check(isinstance(v, (int, float)) and not isinstance(v, bool), key, v, "must be a number")
-    if kind is int:
-        check(float(v).is_integer(), key, v, "must be an integer")
-        return int(v)
-    return float(v)
-
-
-def _choice_name(c) -> str | int | float | bool | None:
-    """A categorical choice as Optuna stores it: lists (mitigation sets) become 'a+b', [] becomes 'none'."""
-    if isinstance(c, (list, tuple)):
-        return "+".join(str(x) for x in c) if c else "none"
-    return c
-
-
-def _hydra_value(v) -> str:
-    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-
-
-def _parse_param(name: str, d, where: str) -> Param:
-    key = f"{where}.{name}"
-    check(isinstance(d, dict), key, d, "must be a mapping with a 'type'")
-    _known_keys(d, PARAM_KEYS, key, "a param key")
-    check_choice(f"{key}.type", d.get("type"), PARAM_TYPES)
-    p = Param(name=name, type=d["type"], override=d.get("override"))
-    if p.override is not None:
-        check(isinstance(p.override, str) and re.fullmatch(r"[+~]?[A-Za-z_][\w.]*", p.override) is not None,
-              f"{key}.override", p.override, "must be a config key such as optim.lr or +mitigation")
-    if p.type == "categorical":
-        choices = d.get("choices")
-        check(isinstance(choices, (list, dict)) and len(choices) > 0, f"{key}.choices", choices,
-              "must be a non-empty list (or a mapping name -> list of overrides)")
-        if isinstance(choices, dict):  # named bundles of overrides, e.g. W8S8: [model.window=8, model.stride=8]
-            check(p.override is None, f"{key}.override", p.override,
-                  "must be absent when choices map names to override lists")
-            for cname, ovs in choices.items():
-                ovs = [] if ovs is None else ovs
-                check(isinstance(ovs, list) and all(isinstance(o, str) and "=" in o for o in ovs),
-                      f"{key}.choices.{cname}", ovs, "must be a list of key=value overrides")
-                p.choices.append(str(cname))
-                p.choice_overrides[str(cname)] = list(ovs)
-        else:
-            check(p.override is not None, f"{key}.override", None,
-                  "is required for a list of choices (the config key the choice sets)")
-            for c in choices:
-                check(c is None or isinstance(c, (str, int, float, bool, list)), f"{key}.choices", c,
-                      "must be a string, number, boolean, null or a list of names")
-                value = _choice_name(c)
-                check(value not in p.choices, f"{key}.choices", c, "appears twice")
-                p.choices.append(value)
-                if p.sets_mitigations:
-                    names = [] if value in NONE_CHOICES else str(value).split("+")
-                    p.choice_overrides[value] = [f"+mitigation=[{','.join(names)}]"] if names else []
-                elif p.override.startswith("+") and value in NONE_CHOICES:  # an optional group left out
-                    p.choice_overrides[value] = []
-                elif isinstance(c, list):
-                    p.choice_overrides[value] = [f"{p.override}=[{','.join(map(_hydra_value, c))}]"]
-                else:
-                    p.choice_overrides[value] = [f"{p.override}={_hydra_value(c)}"]
-    else:
-        check(p.override is not None, f"{key}.override", None, "is required (the config key the param sets)")
-        check(not p.override.startswith(("+", "~")) or p.override.startswith("+"), f"{key}.override", p.override,
-              "cannot delete a key")
-        kind = int if p.type == "int" else float
-        p.low = _num(f"{key}.low", d.get("low"), kind)
-        p.high = _num(f"{key}.high", d.get("high"), kind)
-        check(p.low <= p.high, f"{key}.high", p.high, f"must be >= low ({p.low})")
-        p.log = bool(d.get("log", False)) or p.type == "logfloat"
-        if p.type == "logfloat":
-            p.type = "float"
-        if d.get("step") is not None:
-            p.step = _num(f"{key}.step", d["step"], kind)
-            check(p.step > 0, f"{key}.step", p.step, "must be > 0")
-            check(not p.log, f"{key}.step", p.step, "cannot be combined with log: true")
-        if p.log:
-            check(p.low > 0, f"{key}.low", p.low, "must be > 0 with a log scale")
-    requires = d.get("requires")
-    if requires is None and p.override and p.override.lstrip("+").startswith("mitigation."):
-        parts = p.override.lstrip("+").split(".")
-        requires = [parts[1]] if len(parts) > 2 else None  # mitigation.<name>.<key>: only when <name> is on
-    if requires is not None:
-        requires = [requires] if isinstance(requires, str) else requires
-        check(isinstance(requires, list) and all(isinstance(r, str) for r in requires), f"{key}.requires",
-              requires, "must be a mitigation name or a list of them")
-        p.requires = tuple(requires)
-    return p
-
-
 def load_spec(path: str | Path) -> StudySpec:
     """Read and validate a study file; every problem is a one-line ConfigError naming the key."""
     path = Path(path).expanduser()
@@ -273,27 +151,27 @@ def load_spec(path: str | Path) -> StudySpec:
 
 
 def _parse_spec(raw: dict, path: Path) -> StudySpec:
-    _known_keys(raw, TOP_KEYS, "", "a study key")
+    check_known_keys(raw, TOP_KEYS, "", "a study key")
     name = raw.get("name") or path.stem
     check(isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) is not None, "name", name,
           "must be letters, digits, '_', '.', '-'")
     base = raw.get("base") or []
     check(isinstance(base, list) and all(isinstance(o, str) and "=" in o for o in base), "base", base,
           "must be a list of key=value overrides")
-    sections = dict(params=_parse_params(raw.get("params"), base), objectives=_parse_objectives(raw.get("objectives")),
+    sections = dict(params=parse_params(raw.get("params"), base), objectives=_parse_objectives(raw.get("objectives")),
                     constraints=_parse_constraints(raw.get("constraints")), sampler=_parse_sampler(raw.get("sampler")),
                     **_parse_storage(raw.get("storage")), pruning=_parse_pruning(raw.get("pruning")),
                     **_parse_confirm(raw.get("confirm")))
-    n_trials = _num("n_trials", raw.get("n_trials", 20), int)
+    n_trials = check_number("n_trials", raw.get("n_trials", 20), int)
     check(n_trials >= 1, "n_trials", n_trials, "must be >= 1")
     timeout = raw.get("timeout")
     if timeout is not None:
-        timeout = _num("timeout", timeout)
+        timeout = check_number("timeout", timeout)
         check(timeout > 0, "timeout", timeout, "must be > 0 seconds")
     seeds = _seed_list("seeds", raw["seeds"]) if raw.get("seeds") is not None else []
     check(not seeds or not any(o.startswith("seed=") for o in base), "seeds", seeds,
           "and a seed= in base exclude each other (seeds: sets each run's seed)")
-    max_failures = _num("max_failures", raw.get("max_failures", 5), int)
+    max_failures = check_number("max_failures", raw.get("max_failures", 5), int)
     check(max_failures >= 1, "max_failures", max_failures, "must be >= 1")
 
     def a_path(key):
@@ -311,33 +189,6 @@ def _parse_spec(raw: dict, path: Path) -> StudySpec:
                      n_trials=n_trials, timeout=timeout, max_failures=max_failures, output_dir=a_path("output_dir"),
                      reports_dir=a_path("reports_dir"), experiment_name=exp,
                      description=str(raw.get("description") or ""), raw=raw)
-
-
-def _known_keys(d: dict, allowed: Sequence[str], where: str, what: str) -> None:
-    """One line naming the first unknown key of the mapping at `where` and the allowed ones."""
-    unknown = sorted((k for k in d if k not in allowed), key=str)
-    if unknown:
-        key = f"{where}.{unknown[0]}" if where else unknown[0]
-        check(False, key, d[unknown[0]], f"is not {what}: allowed keys are {', '.join(allowed)}")
-
-
-def _parse_params(raw, base: list[str]) -> list[Param]:
-    raw = raw or {}
-    check(isinstance(raw, dict), "params", raw, "must be a mapping name -> {type, ...}")
-    params = [_parse_param(str(n), d, "params") for n, d in raw.items()]
-    mit = [p for p in params if p.sets_mitigations]
-    check(len(mit) <= 1, "params", [p.name for p in mit], "at most one param may choose the mitigation set")
-    base_mit = [o for o in base if o.lstrip("+").startswith("mitigation=")]
-    if mit:
-        check(not base_mit, "base", base_mit[0] if base_mit else None,
-              f"sets the mitigations that params.{mit[0].name} chooses")
-    params.sort(key=lambda p: not p.sets_mitigations)  # the mitigation set first: weights depend on it
-    possible = base_mitigations(base) | {m for pm in mit for c in pm.choices for m in pm.mitigations(c)}
-    for p in params:  # a weight of a mitigation that is never enabled is a typo
-        for r in p.requires:
-            check(r in possible, f"params.{p.name}.requires", r,
-                  f"mitigation {r!r} is never enabled (base or a mitigation-set param)")
-    return params
 
 
 def _parse_objectives(raw) -> list[Objective]:
@@ -368,7 +219,7 @@ def _parse_constraints(raw) -> list[Constraint]:
         missing = c.get("missing", "fail")
         check_choice(f"{key}.missing", missing, ("fail", "ignore"))
         bound = "max" if "max" in c else "min"
-        constraints.append(Constraint(logged_name(c["metric"]), **{bound: _num(f"{key}.{bound}", c[bound])},
+        constraints.append(Constraint(logged_name(c["metric"]), **{bound: check_number(f"{key}.{bound}", c[bound])},
                                       missing=missing))
     return constraints
 
@@ -378,10 +229,10 @@ def _parse_sampler(raw) -> dict:
     check(isinstance(sampler, dict), "sampler", sampler, "must be a sampler name or {type: tpe|nsga2|random, ...}")
     sampler = {"type": "tpe", **sampler}
     check_choice("sampler.type", sampler["type"], SAMPLERS)
-    _known_keys(sampler, SAMPLER_KEYS[sampler["type"]], "sampler", f"an option of the {sampler['type']} sampler")
+    check_known_keys(sampler, SAMPLER_KEYS[sampler["type"]], "sampler", f"an option of the {sampler['type']} sampler")
     for k in ("seed", "n_startup_trials", "population_size"):
         if sampler.get(k) is not None:
-            sampler[k] = _num(f"sampler.{k}", sampler[k], int)
+            sampler[k] = check_number(f"sampler.{k}", sampler[k], int)
     if "population_size" in sampler:
         check(sampler["population_size"] >= 2, "sampler.population_size", sampler["population_size"], "must be >= 2")
     return sampler
@@ -391,7 +242,7 @@ def _parse_confirm(raw) -> dict:
     """`confirm: {seeds: [1, 2, 3], baseline: [overrides]}`: what `confirm=k` re-runs the best trials on."""
     raw = raw or {}
     check(isinstance(raw, dict), "confirm", raw, "must be a mapping {seeds, baseline}")
-    _known_keys(raw, CONFIRM_KEYS, "confirm", "a confirm key")
+    check_known_keys(raw, CONFIRM_KEYS, "confirm", "a confirm key")
     seeds = _seed_list("confirm.seeds", raw.get("seeds", [1, 2, 3]))
     baseline = raw.get("baseline") or []
     check(isinstance(baseline, list) and all(isinstance(o, str) and "=" in o for o in baseline), "confirm.baseline",
@@ -411,12 +262,12 @@ def _parse_storage(raw) -> dict:
     storage = {"url": raw} if isinstance(raw, str) else raw or {}
     check(isinstance(storage, dict), "storage", storage, "must be a URL or {url, heartbeat_interval, grace_period, "
           "max_retry}")
-    _known_keys(storage, STORAGE_KEYS, "storage", "a storage key")
-    hb = _num("storage.heartbeat_interval", storage.get("heartbeat_interval", 30), int)
-    grace = _num("storage.grace_period", storage.get("grace_period", max(120, 4 * hb)), int)
+    check_known_keys(storage, STORAGE_KEYS, "storage", "a storage key")
+    hb = check_number("storage.heartbeat_interval", storage.get("heartbeat_interval", 30), int)
+    grace = check_number("storage.grace_period", storage.get("grace_period", max(120, 4 * hb)), int)
     check(hb >= 1, "storage.heartbeat_interval", hb, "must be >= 1 second")
     check(grace > hb, "storage.grace_period", grace, f"must be > heartbeat_interval ({hb})")
-    max_retry = _num("storage.max_retry", storage.get("max_retry", 2), int)
+    max_retry = check_number("storage.max_retry", storage.get("max_retry", 2), int)
     check(max_retry >= 0, "storage.max_retry", max_retry, "must be >= 0")
     url = storage.get("url")
     if url is not None:
@@ -435,8 +286,8 @@ def _parse_pruning(raw) -> list[PruneRule]:
         allowed = [f"val/{p}/{m}" for p in PADDINGS for m in VAL_METRICS]
         check_choice(f"{key}.metric", metric if metric in allowed else r["metric"], allowed)
         bound = "min" if "min" in r else "max"
-        pruning.append(PruneRule(step=_num(f"{key}.step", r["step"], int), metric=metric,
-                                 **{bound: _num(f"{key}.{bound}", r[bound])}))
+        pruning.append(PruneRule(step=check_number(f"{key}.step", r["step"], int), metric=metric,
+                                 **{bound: check_number(f"{key}.{bound}", r[bound])}))
     return pruning
 
 
@@ -444,15 +295,6 @@ def check_storage_url(url, key: str = "storage") -> None:
     check(isinstance(url, str) and re.match(r"^(sqlite|postgresql|postgresql\+\w+|mysql|mysql\+\w+)://", url)
           is not None, key, url, "must be an RDB URL (sqlite:///PATH or postgresql://USER:PASS@HOST/DB): "
           "Optuna 5 keeps trial heartbeats only in RDB storages")
-
-
-def base_mitigations(base: Sequence[str]) -> set[str]:
-    """The mitigations the base overrides enable (`+mitigation=[a,b]`)."""
-    for o in base:
-        k, _, v = o.lstrip("+").partition("=")
-        if k == "mitigation":
-            return {n.strip() for n in v.strip("[]").split(",") if n.strip()}
-    return set()
 
 
 def sampled_params(spec: StudySpec, choose):
