@@ -47,6 +47,32 @@ def _visible(t, s, n_src, T, L, S, GOFF, MODE: tl.constexpr):
 
 
 @triton.jit
+def _query_tile_sources(i_m, T, N, L, S, GOFF, RAW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What the query tile [t0, t1] reads: compressed entries [0, full) seen by every query of the tile (no mask)
+    and [full, nv1) seen by some, then raw keys [lo, t1]. Returns (full, nv1, lo, t1)."""
+    t0 = i_m * BLOCK_M
+    t1 = tl.minimum(t0 + BLOCK_M, T) - 1  # last real query of the tile
+    nv0 = tl.minimum((t0 + 1 + GOFF) // S, N)
+    nv1 = tl.minimum((t1 + 1 + GOFF) // S, N)
+    full = (nv0 // BLOCK_N) * BLOCK_N
+    if RAW == 0:  # window (t-L, t]
+        lo = tl.maximum(t0 - L + 1, 0)
+    else:  # tail: from the first query's window start
+        lo = tl.maximum(((t0 + 1 + GOFF) // S) * S - GOFF, 0)
+    return full, nv1, lo, t1
+
+
+@triton.jit
+def _kv_block_scores(b_q, k_ptr, v_ptr, stride_s, o_s, m_s, o_d, m_d, qk_scale,
+                     ACC: tl.constexpr, PREC: tl.constexpr):
+    """A block of source keys and values [BN, BD] and the query tile's scaled scores against them [BM, BN]."""
+    b_k = tl.load(k_ptr + o_s[:, None] * stride_s + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.)
+    b_v = tl.load(v_ptr + o_s[:, None] * stride_s + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.)
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC, out_dtype=ACC) * qk_scale  # [BM, BN]
+    return b_k, b_v, b_s
+
+
+@triton.jit
 def _fwd_inner(
     b_acc, b_m, b_l,  # [BM, BD], [BM], [BM] running output, max (base 2) and denominator
     b_q,  # [BM, BD]
@@ -62,9 +88,7 @@ def _fwd_inner(
     for start in range(lo, hi, BLOCK_N):
         o_s = start + tl.arange(0, BLOCK_N)  # [BN]
         m_s = o_s < hi
-        b_k = tl.load(k_ptr + o_s[:, None] * stride_s + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.)
-        b_v = tl.load(v_ptr + o_s[:, None] * stride_s + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC, out_dtype=ACC) * qk_scale  # [BM, BN]
+        b_k, b_v, b_s = _kv_block_scores(b_q, k_ptr, v_ptr, stride_s, o_s, m_s, o_d, m_d, qk_scale, ACC, PREC)
         if MASKED:
             b_s = tl.where(_visible(o_t[:, None], o_s[None, :], n_src, T, L, S, GOFF, MODE), b_s, float("-inf"))
         b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BM]
@@ -110,23 +134,14 @@ def _fwd_kernel(
         b_l = tl.zeros([BLOCK_M], dtype=ACC)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
 
-    t0 = i_m * BLOCK_M
-    t1 = tl.minimum(t0 + BLOCK_M, T) - 1  # last real query of the tile
-    # (b) compressed entries: [0, nv0) seen by every query of the tile, [nv0, nv1) by some
-    nv0 = tl.minimum((t0 + 1 + GOFF) // S, N)
-    nv1 = tl.minimum((t1 + 1 + GOFF) // S, N)
-    full = (nv0 // BLOCK_N) * BLOCK_N
+    # (b) compressed entries: [0, full) seen by every query of the tile, [full, nv1) by some; (a) raw keys [lo, t1]
+    full, nv1, lo, t1 = _query_tile_sources(i_m, T, N, L, S, GOFF, RAW, BLOCK_M, BLOCK_N)
     kc_base = kc_ptr + i_b64 * N * HKV * D + i_hk * D
     vc_base = vc_ptr + i_b64 * N * HKV * D + i_hk * D
     b_acc, b_m, b_l = _fwd_inner(b_acc, b_m, b_l, b_q, kc_base, vc_base, HKV * D, o_t, 0, full, N, T, L, S, GOFF,
                                  qk_scale, D, 2, False, BLOCK_N, BLOCK_D, ACC, PREC)
     b_acc, b_m, b_l = _fwd_inner(b_acc, b_m, b_l, b_q, kc_base, vc_base, HKV * D, o_t, full, nv1, N, T, L, S, GOFF,
                                  qk_scale, D, 2, True, BLOCK_N, BLOCK_D, ACC, PREC)
-    # (a) raw keys [lo, t1]
-    if RAW == 0:
-        lo = tl.maximum(t0 - L + 1, 0)
-    else:
-        lo = tl.maximum(((t0 + 1 + GOFF) // S) * S - GOFF, 0)
     k_base = k_ptr + i_b64 * T * HKV * D + i_hk * D
     v_base = v_ptr + i_b64 * T * HKV * D + i_hk * D
     b_acc, b_m, b_l = _fwd_inner(b_acc, b_m, b_l, b_q, k_base, v_base, HKV * D, o_t, lo, t1 + 1, T, T, L, S, GOFF,
@@ -153,9 +168,7 @@ def _bwd_dq_inner(
     for start in range(lo, hi, BLOCK_N):
         o_s = start + tl.arange(0, BLOCK_N)  # [BN]
         m_s = o_s < hi
-        b_k = tl.load(k_ptr + o_s[:, None] * stride_s + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.)
-        b_v = tl.load(v_ptr + o_s[:, None] * stride_s + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC, out_dtype=ACC) * qk_scale  # [BM, BN]
+        b_k, b_v, b_s = _kv_block_scores(b_q, k_ptr, v_ptr, stride_s, o_s, m_s, o_d, m_d, qk_scale, ACC, PREC)
         b_p = tl.exp2(b_s - b_lse[:, None])  # [BM, BN]
         if MASKED:
             b_p = tl.where(_visible(o_t[:, None], o_s[None, :], n_src, T, L, S, GOFF, MODE), b_p, 0.)
@@ -191,21 +204,13 @@ def _bwd_dq_kernel(
     b_delta = tl.load(delta_ptr + (i_b64 * H + i_h) * T + o_t, mask=m_t, other=0.)  # [BM]
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
 
-    t0 = i_m * BLOCK_M
-    t1 = tl.minimum(t0 + BLOCK_M, T) - 1
-    nv0 = tl.minimum((t0 + 1 + GOFF) // S, N)
-    nv1 = tl.minimum((t1 + 1 + GOFF) // S, N)
-    full = (nv0 // BLOCK_N) * BLOCK_N
+    full, nv1, lo, t1 = _query_tile_sources(i_m, T, N, L, S, GOFF, RAW, BLOCK_M, BLOCK_N)
     kc_base = kc_ptr + i_b64 * N * HKV * D + i_hk * D
     vc_base = vc_ptr + i_b64 * N * HKV * D + i_hk * D
     b_dq = _bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, kc_base, vc_base, HKV * D, o_t, 0, full, N, T, L, S, GOFF,
                          qk_scale, D, 2, False, BLOCK_N, BLOCK_D, ACC, PREC)
     b_dq = _bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, kc_base, vc_base, HKV * D, o_t, full, nv1, N, T, L, S,
                          GOFF, qk_scale, D, 2, True, BLOCK_N, BLOCK_D, ACC, PREC)
-    if RAW == 0:
-        lo = tl.maximum(t0 - L + 1, 0)
-    else:
-        lo = tl.maximum(((t0 + 1 + GOFF) // S) * S - GOFF, 0)
     k_base = k_ptr + i_b64 * T * HKV * D + i_hk * D
     v_base = v_ptr + i_b64 * T * HKV * D + i_hk * D
     b_dq = _bwd_dq_inner(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, HKV * D, o_t, lo, t1 + 1, T, T, L, S, GOFF,

@@ -19,6 +19,22 @@ import triton.language as tl
 
 # ------------------------------------------------------------------------------------------------ kernels
 @triton.jit
+def _slots_and_weights(p_ptr, s_ptr, row, o_d, m_w, m_wd, D, ACC: tl.constexpr, VECTOR_GATE: tl.constexpr):
+    """One (entry, KV head)'s slot tile P [BW, BD] and its gate weights a = softmax over the slots [BW, BD|1] (per
+    channel for a vector gate), in ACC: the forward's pooling and the backward's recomputation of it."""
+    b_p = tl.load(p_ptr + row[:, None] * D + o_d[None, :], mask=m_wd, other=0.).to(ACC)  # [BW, BD]
+    if VECTOR_GATE:
+        b_s = tl.load(s_ptr + row[:, None] * D + o_d[None, :], mask=m_wd, other=float("-inf")).to(ACC)  # [BW, BD]
+    else:
+        b_s = tl.load(s_ptr + row, mask=m_w, other=float("-inf")).to(ACC)[:, None]  # [BW, 1]
+    b_m = tl.max(b_s, axis=0)  # [BD] or [1]
+    b_m = tl.where(b_m == float("-inf"), 0., b_m)
+    b_e = tl.exp(b_s - b_m[None, :])  # [BW, BD|1]
+    b_z = tl.sum(b_e, axis=0)  # [BD] or [1]; zero only in padded channels
+    return b_p, b_e / tl.where(b_z == 0., 1., b_z)[None, :]
+
+
+@triton.jit
 def _gated_pool_fwd_kernel(
     p_ptr,  # payload      [BN, W, HKV, D]   (BN = B * N, contiguous)
     s_ptr,  # gate logits  [BN, W, HKV, G]   (G = 1 scalar gate, G = D vector gate)
@@ -36,16 +52,7 @@ def _gated_pool_fwd_kernel(
     m_d = o_d < D
     m_wd = m_w[:, None] & m_d[None, :]  # [BW, BD]
     row = (i_n * W + o_w) * HKV + i_h  # [BW] row index into the [BN*W*HKV] leading dims
-    b_p = tl.load(p_ptr + row[:, None] * D + o_d[None, :], mask=m_wd, other=0.).to(ACC)  # [BW, BD]
-    if VECTOR_GATE:
-        b_s = tl.load(s_ptr + row[:, None] * D + o_d[None, :], mask=m_wd, other=float("-inf")).to(ACC)  # [BW, BD]
-    else:
-        b_s = tl.load(s_ptr + row, mask=m_w, other=float("-inf")).to(ACC)[:, None]  # [BW, 1]
-    b_m = tl.max(b_s, axis=0)  # [BD] or [1]
-    b_m = tl.where(b_m == float("-inf"), 0., b_m)
-    b_e = tl.exp(b_s - b_m[None, :])  # [BW, BD|1]
-    b_z = tl.sum(b_e, axis=0)  # [BD] or [1]; zero only in padded channels
-    b_a = b_e / tl.where(b_z == 0., 1., b_z)[None, :]  # [BW, BD|1]
+    b_p, b_a = _slots_and_weights(p_ptr, s_ptr, row, o_d, m_w, m_wd, D, ACC, VECTOR_GATE)
     b_o = tl.sum(b_a * b_p, axis=0)  # [BD]
     tl.store(o_ptr + (i_n * HKV + i_h) * D + o_d, b_o.to(o_ptr.dtype.element_ty), mask=m_d)
 
@@ -70,17 +77,8 @@ def _gated_pool_bwd_kernel(
     m_d = o_d < D
     m_wd = m_w[:, None] & m_d[None, :]  # [BW, BD]
     row = (i_n * W + o_w) * HKV + i_h  # [BW]
-    b_p = tl.load(p_ptr + row[:, None] * D + o_d[None, :], mask=m_wd, other=0.).to(ACC)  # [BW, BD]
-    if VECTOR_GATE:
-        b_s = tl.load(s_ptr + row[:, None] * D + o_d[None, :], mask=m_wd, other=float("-inf")).to(ACC)  # [BW, BD]
-    else:
-        b_s = tl.load(s_ptr + row, mask=m_w, other=float("-inf")).to(ACC)[:, None]  # [BW, 1]
+    b_p, b_a = _slots_and_weights(p_ptr, s_ptr, row, o_d, m_w, m_wd, D, ACC, VECTOR_GATE)  # recomputed, not saved
     b_do = tl.load(do_ptr + (i_n * HKV + i_h) * D + o_d, mask=m_d, other=0.).to(ACC)  # [BD]
-    b_m = tl.max(b_s, axis=0)
-    b_m = tl.where(b_m == float("-inf"), 0., b_m)
-    b_e = tl.exp(b_s - b_m[None, :])
-    b_z = tl.sum(b_e, axis=0)
-    b_a = b_e / tl.where(b_z == 0., 1., b_z)[None, :]  # [BW, BD|1]
     b_o = tl.sum(b_a * b_p, axis=0)  # [BD]
     # dP = a * dO;  dS = a * dO * (P - O)  (per channel), summed over channels for a scalar gate
     b_dp = b_a * b_do[None, :]  # [BW, BD]
