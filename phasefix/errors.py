@@ -48,3 +48,10 @@ def check_known_keys(d: dict, allowed, where: str, what: str) -> None:
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
         check(False, key, d[unknown[0]], f"is not {what}: allowed keys are {', '.join(allowed)}")
+
+
+def check_group_keys(group: str, keys, known) -> None:
+    """One line naming the first of `keys` that config group `group` has no field for, and the fields it has."""
+    unknown = sorted(set(keys) - set(known))
+    if unknown:
+        raise ConfigError(f"{group}.{unknown[0]} is not a {group} key: allowed keys are {', '.join(sorted(known))}")

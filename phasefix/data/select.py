@@ -7,7 +7,7 @@ import dataclasses
 from phasefix.data.lm_mix import LMMixConfig, add_text_context, make_lm_mix_dataset
 from phasefix.data.phase_eval import make_phase_eval
 from phasefix.data.retrieval import RetrievalConfig, make_train_dataset
-from phasefix.errors import ConfigError, check_choice
+from phasefix.errors import check_choice, check_group_keys
 
 DATA_KINDS = ("retrieval", "lm_mix")
 
@@ -18,10 +18,7 @@ def data_config(d: dict) -> RetrievalConfig | LMMixConfig:
     kind = d.pop("kind", "retrieval")
     check_choice("data.kind", kind, DATA_KINDS)
     cls = LMMixConfig if kind == "lm_mix" else RetrievalConfig
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"data.{unknown[0]} is not a data key: allowed keys are {', '.join(sorted(known))}")
+    check_group_keys("data", d, {f.name for f in dataclasses.fields(cls)})
     return cls(**d)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phasefix import kernels
-from phasefix.errors import ConfigError, check, check_choice
+from phasefix.errors import check, check_choice, check_group_keys
 from phasefix.paths import CONF_DIR
 
 ATTENTION = ("full", "compressed")
@@ -278,10 +278,7 @@ class ModelConfig:
     # ---- presets ----
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"model.{unknown[0]} is not a model key: allowed keys are {', '.join(sorted(known))}")
+        check_group_keys("model", d, {f.name for f in dataclasses.fields(cls)})
         return cls(**d)
 
     @classmethod
