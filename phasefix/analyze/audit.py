@@ -239,7 +239,7 @@ def gates_audit(opts: dict, tool: str = "gates", source: Source | None = None) -
     (out / "gates_audit.csv").write_text("\n".join(rows) + "\n")
     fig = plots.audit_phase_heatmap(fig_rows, P, title=f"{source.name}: predicted phase mass by residue (weights "
                                                        "only; last row: model)")
-    fig.savefig(out / "gates_audit.png", dpi=110)
+    fig.savefig(out / "gates_audit.png", dpi=110, bbox_inches="tight", pad_inches=0.08)  # the colorbar label whole
     result.update(out=out, figure=fig, csv=out / "gates_audit.csv")
     print(f"\nwrote {out / 'gates_audit.csv'} and {out / 'gates_audit.png'}")
     return result
@@ -384,7 +384,7 @@ def audit(opts: dict) -> dict:
         fig = plots.audit_phase_heatmap(rows, P, measured=np.asarray(acc),
                                         title=f"{source.name} {opts['task']} ({pad}): predicted mass vs measured "
                                               f"accuracy, Pearson r = {cmp['pearson_r']:.2f}")
-        fig.savefig(result["out"] / f"audit-{pad}.png", dpi=110)
+        fig.savefig(result["out"] / f"audit-{pad}.png", dpi=110, bbox_inches="tight", pad_inches=0.08)
         figures[f"audit-{pad}.png"] = fig
     result.update(comparison=comparison, evaluation=summary)
     _log(opts, "audit", result, scalars, curves, tags={"task": opts["task"],
