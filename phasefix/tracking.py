@@ -412,24 +412,33 @@ def resolve_run_id(c, spec: str, key: str = "run") -> str:
     return matches[0].info.run_id
 
 
+# a comparison's runs are found by their tag wherever they were logged (each stage of its grid is a study with its
+# own experiment, `study-<name>...`)
+ANY_EXPERIMENT = "*"
+
+
 def select_runs(c: MlflowClient, *, experiment: str | None = None, run_ids: "Sequence[str]" = (),
                 tags: Mapping[str, str] | None = None, kinds: "Sequence[str]" = ("fit", "evaluate")) -> list:
-    """Runs by id or unique id prefix (in that order), or those of `experiment` whose tags all match and whose
-    `phasefix.kind` is in `kinds` (oldest first). Raises ConfigError naming the option when nothing can be selected
-    (phasefix.report)."""
+    """Runs by id or unique id prefix (in that order), or those of `experiment` (`ANY_EXPERIMENT`: of every
+    experiment) whose tags all match and whose `phasefix.kind` is in `kinds` (oldest first). Raises ConfigError
+    naming the option when nothing can be selected (phasefix.report)."""
     tags = dict(tags or {})
     if run_ids:
         runs = [c.get_run(resolve_run_id(c, rid, key="runs")) for rid in run_ids]  # ids or unique prefixes
     else:
-        exp = c.get_experiment_by_name(experiment or "phasefix")
-        if exp is None:
-            names = sorted(e.name for e in c.search_experiments())
-            raise ConfigError(f"experiment={experiment!r} is invalid: allowed values are "
-                              f"{', '.join(repr(n) for n in names) or '(no experiments yet)'}")
+        if experiment == ANY_EXPERIMENT:
+            ids = [e.experiment_id for e in c.search_experiments()]
+        else:
+            exp = c.get_experiment_by_name(experiment or "phasefix")
+            if exp is None:
+                names = sorted(e.name for e in c.search_experiments())
+                raise ConfigError(f"experiment={experiment!r} is invalid: allowed values are "
+                                  f"{', '.join(repr(n) for n in names) or '(no experiments yet)'}")
+            ids = [exp.experiment_id]
         filt = " and ".join(f"tags.`{k}` = '{str(v).replace(chr(39), chr(92) + chr(39))}'" for k, v in tags.items())
         runs, token = [], None
         while True:
-            page = c.search_runs([exp.experiment_id], filt, max_results=1000, page_token=token,
+            page = c.search_runs(ids, filt, max_results=1000, page_token=token,
                                  order_by=["attributes.start_time ASC"])
             runs += list(page)
             token = page.token

@@ -187,7 +187,8 @@ def test_a_comparisons_tables_join_its_regimes_committed_folders_on_any_store(tm
         def fit(cfg, callbacks=()):
             trained.append(cfg.seed)
             c = tracking.client(uri)
-            run_id = tracking.create_run(c, "phasefix", f"spread-s{cfg.seed}", tags={
+            # where the real fit logs: the experiment of the stage's study (`study-tiny`, `study-tiny-then`, ...)
+            run_id = tracking.create_run(c, cfg.logger.experiment_name, f"spread-s{cfg.seed}", tags={
                 "phasefix.kind": "fit", "comparison": "tiny", "regime": cfg.regime, "arm": cfg.arm})
             tracking.log_params(c, run_id, C.to_container(cfg))
             for pad in ("prefix", "in_sequence"):
