@@ -262,6 +262,9 @@ def comparison_section(comp, arms: Sequence[str]) -> list[str]:
     order = {r.name: i for i, r in enumerate(comp.regimes)}  # the file's order of regimes
     rows = sorted(({**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out)),
                   key=lambda r: order.get(r["regime"], len(order)))
+    # only the regimes it has trained cells of: a regime whose rows all come from other tables is in their sections
+    own = {r["regime"] for r in rows if r.get("table") == str(comp.out.relative_to(PROJECT_ROOT))}
+    rows = [r for r in rows if r["regime"] in own or not r.get("table")]
     rel = comp.out.relative_to(PROJECT_ROOT / "docs")
     out = ["", f"## {comp.name}: {comp.description}", "",
            f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table [{comp.out.relative_to(PROJECT_ROOT)}]"
@@ -314,9 +317,10 @@ def results_page(comps: Sequence, recs: Sequence) -> str:
     for comp in comps:
         if comp is not head and comp.out is not None and has_table(comp.out):
             out += comparison_section(comp, arms)
-    out += ["", "## Arms", "", "Each arm is `conf/arm/<name>.yaml` on top of a regime (`conf/regime/`); "
-            "S is the regime's stride.", "", "| arm | overrides |", "|---|---|"]
-    out += [f"| `{a}` | `{arm_overrides(a)}` |" for a in arms]
+    out += ["", "## Arms", "", "The arms named above; each is `conf/arm/<name>.yaml` on top of a regime "
+            "(`conf/regime/`, where S is its stride; every arm: `conf/arm/`).", "", "| arm | overrides |", "|---|---|"]
+    named = "\n".join(out)  # the arms the page names above (conf/arm/ has more: `--help` lists them all)
+    out += [f"| `{a}` | `{arm_overrides(a)}` |" for a in arms if f"`{a}`" in named]
     if head:
         out += ["", "## Tables", ""]
         for r in head.regimes:
