@@ -78,22 +78,27 @@ def record_choices(cfg: DictConfig) -> None:
 
 def layering_note(cfg: DictConfig) -> str:
     """`--cfg`'s header for fit: the layered choices and the keys a later layer sets over an earlier one (the later
-    wins: regime < recipe < arm < command line)."""
+    wins: regime < recipe < arm < command line), each with the layer whose value the composed config holds (a regime
+    built on another regime lists its own keys after its parent's recipe, so they win over it: docs/fit.md)."""
     from phasefix.tracking import flatten
 
     if not all(cfg.get(g) for g in LAYERED):
         return ""
-    keys = {}
+    values = {}
     for group in LAYERED:
         node = OmegaConf.load(CONF_DIR / group / f"{cfg[group]}.yaml")
-        keys[group] = {k for k in flatten(OmegaConf.to_container(node)) if not k.startswith("defaults")}
+        values[group] = {k: v for k, v in flatten(OmegaConf.to_container(node)).items() if not k.startswith("defaults")}
+    composed = flatten(OmegaConf.to_container(cfg, resolve=False))
     lines = [f"# regime={cfg.regime} recipe={cfg.recipe} arm={cfg.arm} (merged in this order; later wins)"]
     for i, low in enumerate(LAYERED):
         for high in LAYERED[i + 1:]:
-            both = sorted(keys[low] & keys[high])
-            if both:
-                lines.append(f"# set by both {low}={cfg[low]} and {high}={cfg[high]}, {high}'s value used: "
-                             + ", ".join(both))
+            used = {}
+            for k in sorted(values[low].keys() & values[high].keys()):
+                winner = high if values[high][k] == composed.get(k) or values[low][k] != composed.get(k) else low
+                used.setdefault(winner, []).append(k)
+            for winner, ks in used.items():
+                lines.append(f"# set by both {low}={cfg[low]} and {high}={cfg[high]}, {winner}'s value used: "
+                             + ", ".join(ks))
     return "\n".join(lines) + "\n"
 
 

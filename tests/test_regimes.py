@@ -109,6 +109,12 @@ def test_layering_is_regime_recipe_arm_then_command_line():
         == "independent"
     both = layering_note(compose(["regime=coverage_w8s8", "arm=bridge_shift_wide"]))
     assert "set by both regime=coverage_w8s8 and arm=bridge_shift_wide, arm's value used: model.head_dim" in both
+    # records64_inseqfirst is records64 with the inseqfirst recipe (8 demonstrations) over it, then its own 48: a
+    # derived regime's own keys win over its recipe, and the note says so
+    cfg = compose(["regime=records64_inseqfirst"])
+    assert cfg.recipe == "inseqfirst" and cfg.data.num_demos == 48 and cfg.data.in_sequence_from_step == 1200
+    assert "set by both regime=records64_inseqfirst and recipe=inseqfirst, regime's value used: data.num_demos" in \
+        layering_note(cfg)
 
 
 @pytest.fixture
