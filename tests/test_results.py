@@ -13,8 +13,11 @@ def test_costs_of_the_w4s4_winner_by_hand():
 def test_the_arm_legend_reads_conf_arm():
     assert arm_overrides("bridge") == "model.window=S+1 model.head_offsets=spread"
     assert arm_overrides("baseline").startswith("(nothing")
+    # an arm composed of arms (conf/arm/shift_spread_head_coord.yaml: shift_spread = spread + shift, then the term)
     assert arm_overrides("shift_spread_head_coord") == \
-        "+mitigation=head_coord model.token_shift=2 model.head_offsets=spread"
+        "model.head_offsets=spread model.token_shift=2 +mitigation=head_coord"
+    assert arm_overrides("shift_spread_late_head_coord") == "model.head_offsets=spread model.token_shift=2 " \
+        "+mitigation=head_coord mitigation.head_coord.start_step=1000 mitigation.head_coord.ramp_steps=500"
 
 
 def test_mechanism_links_one_line_per_regime_in_the_comparisons_order(tmp_path, monkeypatch):
