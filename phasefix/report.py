@@ -394,8 +394,7 @@ def log_report_run(c, out: Path, runs: Sequence, files: Sequence[str], experimen
     """A new MLflow run tagged phasefix.kind=report with the report's files; its id."""
     from phasefix import tracking
 
-    named = experiment not in (None, tracking.ANY_EXPERIMENT)
-    exp_name = experiment if named else (c.get_experiment(runs[0].info.experiment_id).name if runs else "phasefix")
+    exp_name = experiment or (c.get_experiment(runs[0].info.experiment_id).name if runs else "phasefix")
     ids = [r.info.run_id for r in runs]
     run_id = tracking.create_run(c, exp_name, f"report-{len(ids)}-runs", tags={
         "phasefix.kind": "report", "phasefix.report_runs": ",".join(ids)[:5000], "output_dir": str(out.resolve())})

@@ -71,6 +71,14 @@ class Comparison:
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///{(self.path.parent / f'{self.name}.db').resolve()}"
 
+    def cell_runs(self, client) -> list:
+        """Its runs in MLflow: tagged comparison=<name>, in its experiment, or in any when it names none (each stage
+        of its grid is a study logging into its own `study-<name>...` experiment)."""
+        from phasefix import tracking
+
+        return tracking.select_runs(client, experiment=self.experiment_name or tracking.ANY_EXPERIMENT,
+                                    tags={"comparison": self.name})
+
     @property
     def staged(self) -> bool:
         """Whether further seeds follow the first ones (`then`, the file's or a regime's): the staged rule applies."""

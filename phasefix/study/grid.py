@@ -145,8 +145,7 @@ def rescore(comp: Comparison, evaluate_fn=None) -> int:
     if not comp.per_residue:
         return 0
     c = tracking.client(comp.tracking_uri)
-    runs = tracking.select_runs(c, experiment=comp.experiment_name or tracking.ANY_EXPERIMENT,
-                                tags={"comparison": comp.name})
+    runs = comp.cell_runs(c)
 
     def kind(r) -> str | None:
         return r.data.tags.get("phasefix.kind")
@@ -212,13 +211,12 @@ def write_tables(comp: Comparison, stopped: dict) -> tuple[list[str], dict]:
     if comp.tables:
         res = report_tables(comp.tables, comp.out)
     else:
-        exp = comp.experiment_name or tracking.ANY_EXPERIMENT  # the cells' runs, whichever stage's study logged them
-        runs = tracking.select_runs(tracking.client(comp.tracking_uri), experiment=exp, tags={"comparison": comp.name})
+        runs = comp.cell_runs(tracking.client(comp.tracking_uri))
         if not runs:
             print(f"[comparison] {comp.name}: no run of it in this store; its committed tables stand", flush=True)
             return [], {}
         folders = join_folders(comp, {r.info.run_id for r in runs})
-        res = report_runs(experiment=exp, tags={"comparison": comp.name},
+        res = report_runs(runs=[r.info.run_id for r in runs],
                           join=folders, join_regimes=[r.name for r in comp.regimes] if folders else (),
                           tracking_uri=comp.tracking_uri, out=os.path.relpath(comp.out), log=False)  # rows name it
     stopped = {**stopped_in_tables(comp), **stopped}  # this run's and those of cells run elsewhere
