@@ -59,6 +59,28 @@ def test_an_empty_store_trains_exactly_the_missing_cells_and_a_complete_one_noth
     assert again["rc"] == fresh["rc"] == 0 and trained == []
 
 
+def test_a_run_logged_before_a_key_existed_is_reused_where_the_cell_keeps_its_default(tmp_path):
+    """A model key added since a run was logged (model.boundary_bridge, default 0: no bridge edges) is absent from
+    its params: the run stands for the cell at that default, not for a cell that sets the key."""
+    from phasefix.fit import compose
+    from phasefix.study.cells import FitOrReuse
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = write_comparison(tmp_path / "tiny.yaml")
+    cell = compose(["arm=spread", "seed=1"])
+    old = C.to_container(cell)
+    del old["model"]["boundary_bridge"], old["model"]["layer_compression"]  # as a run logged before issue 66
+    c = tracking.client(uri)
+    run_id = tracking.create_run(c, "phasefix", "old", tags={"phasefix.kind": "fit"})
+    tracking.log_params(c, run_id, old)
+    c.log_metric(run_id, "final/prefix/acc_mean", 0.7)
+    c.set_terminated(run_id, "FINISHED")
+    reuse = FitOrReuse(str(spec), uri)
+    assert reuse.finished(cell)["mlflow_run_id"] == run_id
+    assert reuse.finished(compose(["arm=spread", "seed=1", "model.boundary_bridge=1"])) is None
+    assert reuse.finished(compose(["arm=spread", "seed=2"])) is None
+
+
 def test_the_headline_rewrites_its_tables_from_the_committed_runs_without_training(tmp_path):
     def no_fit(cfg, callbacks=()):
         raise AssertionError(f"trained {cfg.regime}/{cfg.arm}/s{cfg.seed}: every headline cell is committed")

@@ -11,7 +11,8 @@ nothing that changes what is trained). A cell already finished is not trained ag
   `phasefix.decisive.ARM_NAMES`) and trained on the seed (tests/test_regimes.py checks that such runs trained
   what the cell composes), or
 - a FINISHED fit run in the MLflow store whose logged config equals the cell's on the keys that decide what is
-  trained (`IDENTITY`: model, data, optim, mitigation, trainer.max_steps, seed), whatever its tags or name.
+  trained (`IDENTITY`: model, data, optim, mitigation, trainer.max_steps, seed), whatever its tags or name; a key
+  the run was logged without (added since) counts as its schema default (`same_cell`).
 
 So an empty store trains exactly the missing cells, and a complete comparison trains nothing; its tables are then
 written again from the same runs. `then:` stages a comparison: the first seeds of every cell first, the further
@@ -210,6 +211,32 @@ def identity(cfg) -> dict[str, str]:
     return {k: str(v) for k, v in flat.items() if any(k == p or k.startswith(p) for p in IDENTITY)}
 
 
+def schema_defaults() -> dict[str, str]:
+    """The schema's default of each identity key, as `identity` writes it: what a run logged before the key existed
+    trained with (a key is added with the default that keeps the behaviour before it). Data keys whose default
+    differs between the data schemas are left out (no default)."""
+    from omegaconf import OmegaConf
+
+    from phasefix import config as C
+
+    def of(prefix: str, schema) -> dict[str, str]:
+        return identity(C.flatten({prefix: OmegaConf.to_container(OmegaConf.structured(schema))}))
+
+    out = {**of("model", C.ModelConfig), **of("optim", C.OptimConfig), **of("trainer", C.TrainerConfig)}
+    for name, options in C.MITIGATION_OPTIONS.items():
+        out.update(of(f"mitigation.{name}", options))
+    retrieval, lm_mix = of("data", C.RetrievalData), of("data", C.LMMixData)
+    out.update({k: v for k, v in retrieval.items() if lm_mix.get(k, v) == v})
+    out.update({k: v for k, v in lm_mix.items() if retrieval.get(k, v) == v})
+    return out
+
+
+def same_cell(want: dict[str, str], got: dict[str, str], defaults: dict[str, str]) -> bool:
+    """Whether a logged run (identity `got`) trained the cell `want`: every key equal, where a key the run does not
+    have (it was logged before the key existed) counts as its schema default."""
+    return set(got) <= set(want) and all(got.get(k, defaults.get(k)) == v for k, v in want.items())
+
+
 def committed_runs(folder: str | Path) -> list[dict]:
     """The fit runs a committed report folder holds: run_id, run_name, regime, arm (today's name), seed, and its
     scores by padding ({padding: {acc_mean, acc_worst, acc_gap}}). Regime and arm come from the folder's tables (the
@@ -298,9 +325,9 @@ class FitOrReuse:
         run = self.tables().get((cfg.get("regime"), cfg.get("arm"), int(cfg.seed)))
         if run is not None:
             return summary_from_scores(run["scores"], run["run_id"])
-        want = identity(cfg)
+        want, defaults = identity(cfg), schema_defaults()
         for ident, summary in finished_in_store(self.tracking_uri or cfg.logger.tracking_uri):
-            if ident == want:
+            if same_cell(want, ident, defaults):
                 return summary
         return None
 
