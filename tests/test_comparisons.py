@@ -18,10 +18,11 @@ HEADLINE = PROJECT_ROOT / "comparisons/headline.yaml"
 
 
 def log_finished(uri: str, cfg, acc: float) -> str:
-    """A FINISHED fit run in MLflow as phasefix.fit leaves one: its config as params, its final scores."""
+    """A FINISHED fit run in MLflow as phasefix.fit leaves one: its config (or a container of it) as params, its
+    final scores."""
     c = tracking.client(uri)
     run_id = tracking.create_run(c, "phasefix", "fake", tags={"phasefix.kind": "fit"})
-    tracking.log_params(c, run_id, C.to_container(cfg))
+    tracking.log_params(c, run_id, cfg if isinstance(cfg, dict) else C.to_container(cfg))
     for pad in ("prefix", "in_sequence"):
         for k in ("acc_mean", "acc_worst", "acc_gap"):
             c.log_metric(run_id, f"final/{pad}/{k}", acc)
@@ -70,11 +71,7 @@ def test_a_run_logged_before_a_key_existed_is_reused_where_the_cell_keeps_its_de
     cell = compose(["arm=spread", "seed=1"])
     old = C.to_container(cell)
     del old["model"]["boundary_bridge"], old["model"]["layer_compression"]  # as a run logged before issue 66
-    c = tracking.client(uri)
-    run_id = tracking.create_run(c, "phasefix", "old", tags={"phasefix.kind": "fit"})
-    tracking.log_params(c, run_id, old)
-    c.log_metric(run_id, "final/prefix/acc_mean", 0.7)
-    c.set_terminated(run_id, "FINISHED")
+    run_id = log_finished(uri, old, 0.7)
     reuse = FitOrReuse(str(spec), uri)
     assert reuse.finished(cell)["mlflow_run_id"] == run_id
     assert reuse.finished(compose(["arm=spread", "seed=1", "model.boundary_bridge=1"])) is None

@@ -21,6 +21,7 @@ The file's keys: comparisons/README.md.
 """
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -211,6 +212,7 @@ def identity(cfg) -> dict[str, str]:
     return {k: str(v) for k, v in flat.items() if any(k == p or k.startswith(p) for p in IDENTITY)}
 
 
+@functools.cache
 def schema_defaults() -> dict[str, str]:
     """The schema's default of each identity key, as `identity` writes it: what a run logged before the key existed
     trained with (a key is added with the default that keeps the behaviour before it). Data keys whose default
