@@ -164,7 +164,10 @@ def decisive_rows(members: Sequence[Mapping], joined: Sequence[Mapping] = (), ta
                "baseline_learned": not math.isnan(bm), "baseline_run": (regime, pad) in base_mean,
                "run_ids": " ".join(m["run_id"][:8] for m in members)}
         for k in ("acc_mean", "acc_worst", "worst_excl_boundary", "acc_gap", "train_seconds", "lm_loss"):
-            row[k], row[k + "_sd"] = _mean_sd([number(m.get(k)) for m in ok])
+            vals = [number(m.get(k)) for m in ok]
+            if k == "worst_excl_boundary" and any(math.isnan(v) for v in vals):
+                vals = []  # a run rebuilt from an old table has no curve: a mean over fewer seeds would not compare
+            row[k], row[k + "_sd"] = _mean_sd(vals)
         periods = [m["period_detected"] for m in ok if not math.isnan(number(m.get("period_detected")))]
         row["period"] = statistics.mode(periods) if periods else math.nan
         for k in ("compressor_flops_per_token", "cache_entries_per_token"):

@@ -112,15 +112,26 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
     comparison's tables, which pool runs of the folders before them) a run selected or joined already, and a row copied
     from another table of an arm joined already, are skipped, not refused."""
     regimes, rows, members, taken = {r for r, _ in tagged} | set(regimes), [], [], {}
+    # A comparison pools by today's arm names: an old code (decisive.ARM_NAMES) joins as today's arm, and an arm a
+    # folder written before decisive_runs.csv holds only as a row joins as its runs (`folder_members`) when runs of
+    # that arm join too, so that its seeds pool with theirs instead of standing beside them as a second row.
+    name = decisive.arm_name if skip_known else (lambda code: code)
+    with_runs = {(r, name(a)) for r, a in tagged} | {
+        (m["regime"], name(m["arm"])) for f in specs if (Path(f) / DECISIVE_RUNS_CSV).is_file()
+        for m in read_members(f)} if skip_known else set()
     for folder in specs:
         path, runs_path = Path(folder) / DECISIVE_CSV, Path(folder) / DECISIVE_RUNS_CSV
         check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        runs = [m for m in (read_members(folder) if runs_path.is_file() else ())
+        runs = [{**m, "arm": name(m["arm"])} for m in (read_members(folder) if runs_path.is_file() else ())
                 if m["regime"] in regimes]
+        if skip_known and not runs_path.is_file():
+            runs = [{**m, "arm": name(m["arm"])} for m in folder_members(folder)
+                    if m["regime"] in regimes and (m["regime"], name(m["arm"])) in with_runs]
         pooled = {(m["regime"], m["arm"]) for m in runs}
         if skip_known:
             runs = [m for m in runs if m["run_id"] not in selected and taken.get(m["run_id"], folder) == folder]
-        got = [r for r in read_table(folder)
+        got = [{**r, "arm": name(r["arm"])} for r in read_table(folder)]
+        got = [r for r in got
                if r["regime"] in regimes and (r["regime"], r["arm"]) not in pooled
                and not any(r.get("table") and same_folder(r["table"], other) and not same_folder(other, folder)
                            for other in specs)]

@@ -238,6 +238,50 @@ def test_a_folder_written_before_decisive_runs_csv_gives_its_runs_from_its_two_t
         f"| w8s8 | shift | arm-s2 (`{ids['arm-s2'][:8]}`) | 0.900 / 0.500 | `{f}` |"]
 
 
+def test_a_comparison_pools_an_old_folders_arm_code_with_todays_runs_of_that_arm(tmp_path):
+    """An old folder (no decisive_runs.csv) holds the bridge under its old code `w9_spread`, seeds 0-1, and the
+    baseline; a newer folder holds runs of `bridge` itself, seed 2. A comparison joining both (skip_known) pools the
+    three seeds into one `bridge` row, so that its table and the results page count the same seeds; joined plainly
+    (a report's `join=`), the old row stays as it was. By hand: the bar is the baseline's prefix mean (0.8 + 0.7) / 2
+    = 0.75; s0 (0.95 / 0.9) meets it, s1 (0.9 / 0.5) does not (0.5 < 0.81), s2 (0.9 / 0.85) does: 2 of 3, mean
+    (0.95 + 0.9 + 0.9) / 3. The worst phase other than the boundary is known for s2 only, so the pooled row has none
+    (a mean over one seed would stand beside a worst over three)."""
+    import csv
+
+    from phasefix.tables import joined_rows, write_csv
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    ids = {n: str(i) * 8 + "b" * 24 for i, n in enumerate(("base-s0", "base-s1", "w9-s0", "w9-s1"))}
+    scores = {"base-s0": (0.8, 0.3), "base-s1": (0.7, 0.2), "w9-s0": (0.95, 0.9), "w9-s1": (0.9, 0.5)}
+    with open(old / "comparison.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run_id", "run_name", "kind", "padding", "acc_mean", "acc_worst", "acc_gap", "period_detected"])
+        for n, (mean, worst) in scores.items():
+            w.writerow([ids[n], n, "fit", "prefix", mean, worst, mean - worst, 8])
+    write_csv(old / "decisive.csv", [
+        {**_drow("w8s8", "baseline", "prefix", 2, 2, 0.75, 0.25, 0), "run_ids": f"{ids['base-s0'][:8]} "
+                                                                                f"{ids['base-s1'][:8]}"},
+        {**_drow("w8s8", "w9_spread", "prefix", 2, 2, 0.925, 0.7, 1),
+         "run_ids": f"{ids['w9-s0'][:8]} {ids['w9-s1'][:8]}"}], (*decisive.COLUMNS, "table"))
+    s2 = {"run_id": "c" * 32, "run_name": "w8s8-bridge-s2", "regime": "w8s8", "arm": "bridge", "padding": "prefix",
+          "learned": True, "acc_mean": 0.9, "acc_worst": 0.85, "worst_excl_boundary": 0.88, "acc_gap": 0.05,
+          "period_detected": 8, "train_seconds": 10.0, "lm_loss": math.nan, "compressor_flops_per_token": 1000.0,
+          "cache_entries_per_token": 0.5, "table": ""}
+    write_csv(new / "decisive_runs.csv", [s2], decisive.MEMBER_COLUMNS)
+    write_csv(new / "decisive.csv", [_drow("w8s8", "bridge", "prefix", 1, 1, 0.9, 0.85, 1)],
+              (*decisive.COLUMNS, "table"))
+
+    rows, members = joined_rows([str(old), str(new)], set(), set(), ["w8s8"], skip_known=True)
+    got = {(r["arm"], r["padding"]): r for r in decisive.decisive_rows(members, rows)}
+    assert sorted(got) == [("baseline", "prefix"), ("bridge", "prefix")]
+    bridge = got[("bridge", "prefix")]
+    assert (bridge["seeds"], bridge["learned"], bridge["goal_met"]) == (3, 3, 2)
+    assert bridge["acc_mean"] == pytest.approx((0.95 + 0.9 + 0.9) / 3) and math.isnan(bridge["worst_excl_boundary"])
+    plain, _ = joined_rows([str(old)], set(), set(), ["w8s8"])
+    assert {r["arm"] for r in plain} == {"baseline", "w9_spread"}
+
+
 def test_a_document_quotes_the_headline_as_written_and_a_bad_document_is_refused_before_any_work(tmp_path):
     """`into=` rewrites only the text between `<!-- quote: PATH -->` (PATH relative to the document) and
     `<!-- /quote -->` when PATH is a file of out=; other quotes and the rest of the document stay as they were; a
