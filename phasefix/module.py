@@ -112,10 +112,13 @@ class PhaseFixModule(L.LightningModule):
         decay = [p for n, p in self.named_parameters() if p.ndim >= 2 and p.requires_grad]
         no_decay = [p for n, p in self.named_parameters() if p.ndim < 2 and p.requires_grad]
         # fused: one kernel over every parameter instead of a loop of small ops per tensor (1 ms against 5-6 ms a step
-        # on the CPU models here: benchmarks/fit_speed.py); the same update to float rounding (tests/test_golden_loss.py)
+        # on the CPU models here: benchmarks/fit_speed.py); the same update to float rounding (tests/test_golden_loss.py).
+        # Not under a mixed precision: Lightning's mixed-precision plugin refuses to clip the gradients of an optimizer
+        # that unscales them itself (a fused one), so bf16-mixed (`auto` on a bf16 CPU, the GPU) takes foreach.
+        mixed = self._trainer is not None and "mixed" in str(self._trainer.precision)
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]),
-                                fused=True)
+                                **({"foreach": True} if mixed else {"fused": True}))
         warmup, total, floor = o["warmup_steps"], self.hparams.max_steps, o["min_lr_ratio"]
 
         def schedule(step):

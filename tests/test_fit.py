@@ -631,3 +631,15 @@ def test_the_model_config_and_mitigations_are_built_once(tmp_path, monkeypatch):
     assert model_cfg.window == 5 and [m.name for m in mitigations] == ["gate_diversity"]
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert "built" not in ckpt["hyper_parameters"] and ckpt["hyper_parameters"]["model"]["window"] == 5
+
+
+def test_a_bf16_mixed_fit_clips_its_gradients_and_finishes(tmp_path):
+    """bf16-mixed is what `trainer.precision=auto` picks on a CPU with AVX-512 BF16 or AMX and on the GPU, and the
+    trainer clips gradients at 1.0: Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
+    its own gradients (a fused AdamW), so such a run must get one that does not, and train."""
+    from helpers import TINY_FIT
+
+    summary = fit(compose([*TINY_FIT, "trainer.precision=bf16-mixed", "trainer.gradient_clip_val=1.0",
+                           *run_overrides(tmp_path)]))
+    run = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and math.isfinite(run.data.metrics["train/loss"])

@@ -874,3 +874,15 @@ def test_postgres_storage_two_workers(tmp_path, mlflow_db, postgres_url):
     assert run_study(path, storage=plain, workers=1, fit_fn=fake)["rc"] == 0
     spec, study = load(path, storage=postgres_url)
     assert states(study) == {"COMPLETE": 4}
+
+
+def test_two_studies_sharing_an_outputs_folder_never_share_a_trial_folder(tmp_path):
+    """A comparison's slices run side by side write to one outputs folder and can start their trial 6 in the same
+    second: the second gets `<stem>-1`, the third `<stem>-2`, each created empty (a run's own check refuses a folder
+    holding a run)."""
+    from phasefix.study.objective import trial_dir
+
+    stem = "trial0006-20261207-144701"
+    got = [trial_dir(tmp_path / "rates", stem) for _ in range(3)]
+    assert [p.name for p in got] == [stem, f"{stem}-1", f"{stem}-2"]
+    assert all(p.is_dir() and not any(p.iterdir()) for p in got)

@@ -196,6 +196,20 @@ def prior_attempt(trial):
     return retried, prior, prior_dirs
 
 
+def trial_dir(parent: Path, stem: str) -> Path:
+    """A new folder `parent/stem`, or `stem-1`, `stem-2`, ... where it exists: two studies that share an outputs
+    folder (a comparison's slices, run side by side) can start their trial N in the same second, and two runs in one
+    folder would write over each other's checkpoints. mkdir is atomic, so the first to take a name keeps it."""
+    for i in range(1000):
+        path = parent / (stem if i == 0 else f"{stem}-{i}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{parent / stem}: 1000 folders of that name already")
+
+
 def fit_seeds(trial, spec: StudySpec, ovs: list[str], extra: list[str], fit_fn: FitFn | None) -> list[dict]:
     """The trial's fits, one per seed in turn (a seed that is pruned prunes the trial); their summaries."""
     import optuna
@@ -204,7 +218,7 @@ def fit_seeds(trial, spec: StudySpec, ovs: list[str], extra: list[str], fit_fn: 
     from phasefix.fit import compose
 
     retried, prior, prior_dirs = prior_attempt(trial)
-    out_dir = spec.outputs() / f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}"
+    out_dir = trial_dir(spec.outputs(), f"trial{trial.number:04d}-{datetime.now():%Y%m%d-%H%M%S}")
     print(f"[study] trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: "
           f"{' '.join(ovs) or '(base)'}{f' on seeds {spec.seeds}' if spec.seeds else ''}", flush=True)
     summaries, dirs = [], {}
