@@ -70,8 +70,8 @@ from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
 from phasefix.quotes import inside, quotes, refresh_quotes
 from phasefix.run_scores import collect, left_out, regime_facts, rescored_sources
-from phasefix.tables import (CURVES_CSV, DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, fmt, headline_from_tables,
-                             joined_rows, write_csv, write_curves)
+from phasefix.tables import (CURVES_CSV, DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, earlier_scores, fmt,
+                             headline_from_tables, joined_rows, same_folder, write_csv, write_curves)
 from phasefix.verdict import GOAL_RATIO, flat
 
 KINDS = ("fit", "evaluate")
@@ -339,6 +339,10 @@ def report_runs(*, experiment: str | None = None, runs: Sequence[str] = (), tags
     facts = regime_facts(c, runs, sources)
     joined, pooled = joined_rows(list(join), {(f["regime"], f["arm"]) for f in facts.values()},
                                  selected, list(join_regimes), skip_known=bool(join_regimes)) if join else ([], [])
+    own = next((f for f in join if out is not None and same_folder(f, out)), None)
+    if own is not None:  # a comparison writing its own folder again: its earlier runs keep their rows and curves
+        earlier, earlier_curves = earlier_scores(own, {m["run_id"] for m in pooled if m["joined_from"] == own})
+        rows, curves = rows + earlier, {**curves, **earlier_curves}
     out_path = out_dir(None if out is None else str(out))
     out_path.mkdir(parents=True, exist_ok=True)
     files, drows = [], []

@@ -56,6 +56,23 @@ def read_scores(folder: str | Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+SCORE_NUMBERS = ("acc_mean", "acc_worst", "acc_best", "acc_gap", "period_detected", "periodicity_ratio",
+                 "worst_ci_low", "worst_ci_high", "gap_ci_low", "gap_ci_high")
+
+
+def earlier_scores(folder: str | Path, run_ids: set[str]) -> tuple[list[dict], dict]:
+    """(comparison.csv rows, numbers as numbers; phase curves) of the runs `run_ids` a committed folder scored: what
+    a comparison's own folder keeps of its earlier runs when its tables are written again from a store that lacks
+    them, so that every run its decisive table pools keeps its command, commit, machine and time."""
+    folder = Path(folder)
+    if not (folder / SCORES_CSV).is_file():
+        return [], {}
+    rows = [{**r, **{k: number(r.get(k)) for k in SCORE_NUMBERS}} for r in read_scores(folder)
+            if r["run_id"] in run_ids]
+    curves = read_curves(folder) if (folder / CURVES_CSV).is_file() else {}
+    return rows, {k: v for k, v in curves.items() if k[0] in run_ids}
+
+
 def read_members(folder: str | Path) -> list[dict]:
     """The runs of a committed folder's `decisive_runs.csv` as `run_members` made them (learned back to a bool)."""
     with open(Path(folder) / DECISIVE_RUNS_CSV, newline="") as f:

@@ -238,10 +238,27 @@ def test_a_comparisons_tables_join_its_regimes_committed_folders_on_any_store(tm
     rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
     assert rows[("baseline", "prefix")]["table"] == "base"
     assert rows[("spread", "prefix")]["seeds"] == "2" and rows[("spread", "prefix")]["goal_met"] == "2"
+    # seed 0's row (its command, commit, machine, time) and curve stay though this store never saw it
+    scored = {r["run_name"] for r in read_rows(tmp_path / "out" / "comparison.csv") if r["padding"] == "prefix"}
+    curves = {r["run_id"] for r in read_rows(tmp_path / "out" / "phase_curves.csv")}
+    assert scored == {"spread-s0", "spread-s1"} and len(curves) == 2
+    # a third machine: both seeds are found in the comparison's own tables, nothing trains
+    trained.clear()
+    uri3 = f"sqlite:///{tmp_path / 'third.db'}"
+    assert run_comparison(spec, fit_fn=fake_fit(uri3), tracking_uri=uri3,
+                          storage=f"sqlite:///{tmp_path / 'third-study.db'}")["rc"] == 0 and trained == []
     # once more on that store: its tables now hold seed 1 too, which the store has (skipped there, not counted twice)
     run_comparison(spec, fit_fn=fake_fit(uri2), tracking_uri=uri2, report_only=True)
     rows = {(r["arm"], r["padding"]): r for r in read_rows(tmp_path / "out" / "decisive.csv")}
     assert rows[("spread", "prefix")]["seeds"] == "2" and rows[("baseline", "prefix")]["table"] == "base"
+    # a folder whose comparison.csv lost a run (written from a store without it, before its rows were kept) still
+    # gives that run as finished: its decisive table pools it, its name gives the seed
+    from phasefix.study.cells import committed_runs
+    from phasefix.tables import write_csv
+
+    scores = read_rows(tmp_path / "out" / "comparison.csv")
+    write_csv(tmp_path / "out" / "comparison.csv", [r for r in scores if r["run_name"] != "spread-s0"], list(scores[0]))
+    assert sorted((r["arm"], r["seed"]) for r in committed_runs(tmp_path / "out")) == [("spread", 0), ("spread", 1)]
 
 
 def read_rows(path: Path) -> list[dict]:

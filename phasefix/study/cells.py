@@ -22,6 +22,7 @@ The file's keys: comparisons/README.md.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -244,6 +245,7 @@ def committed_runs(folder: str | Path) -> list[dict]:
     scores by padding ({padding: {acc_mean, acc_worst, acc_gap}}). Regime and arm come from the folder's tables (the
     runs' tags); the seed from the run's command (`seed=N`), else its name (`...-sN`); a re-scored run (an evaluate
     run) stands for the fit run it scored."""
+    from phasefix.decisive import number
     from phasefix.tables import folder_members, read_scores
 
     folder = Path(folder)
@@ -261,8 +263,13 @@ def committed_runs(folder: str | Path) -> list[dict]:
         run.setdefault("regime", tags.get("regime"))
         run.setdefault("arm", tags.get("arm"))
     for m in folder_members(folder):  # the folder's own regime x arm of each run (also for re-scored runs)
-        if m["run_id"] in by_id:
-            by_id[m["run_id"]]["regime"], by_id[m["run_id"]]["arm"] = m["regime"], m["arm"]
+        if m["run_id"] not in by_id:  # pooled in its decisive table, not scored in its comparison.csv: its name's seed
+            name_seed = re.search(r"-s(\d+)(?:-|$)", m["run_name"])
+            by_id[m["run_id"]] = {"run_id": m["run_id"], "run_name": m["run_name"], "scores": {},
+                                  "seed": int(name_seed.group(1)) if name_seed else None}
+        run = by_id[m["run_id"]]
+        run["regime"], run["arm"] = m["regime"], m["arm"]
+        run["scores"].setdefault(m["padding"], {k: m[k] for k in METRICS if not math.isnan(number(m.get(k)))})
     from phasefix.decisive import arm_name
 
     return [{**r, "arm": arm_name(r["arm"]) if r.get("arm") else None} for r in by_id.values()
