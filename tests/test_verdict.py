@@ -53,6 +53,10 @@ def test_wilson_interval_by_hand():
     assert verdict.wilson(0, 5)[0] == 0.0
     assert Rate(3, 3).text() == "3 of 3 seeds (95% CI 0.44-1.00), provisional: < 8"
     assert Rate(7, 8).text() == "7 of 8 seeds (95% CI 0.53-0.98)"
+    # 6 of 8: centre (0.75 + 0.24009) / 1.48018 = 0.66890, half 1.96 sqrt(0.75 * 0.25 / 8 + 3.84146 / 256) / 1.48018
+    # = 0.25963: enough seeds, below the 7 of 8 a fix is relied on at
+    assert Rate(6, 8).text() == "6 of 8 seeds (95% CI 0.41-0.93), short of 7 of 8"
+    assert Rate(7, 8).reliable and Rate(8, 9).reliable and not Rate(7, 9).reliable and not Rate(3, 3).reliable
 
 
 def test_the_recommendation_is_the_highest_lower_bound_then_the_least_cost():
@@ -64,6 +68,11 @@ def test_the_recommendation_is_the_highest_lower_bound_then_the_least_cost():
     arms["bridge"] = (Rate(8, 8), dear)  # more seeds, a higher lower bound (0.68 > 0.44): the costlier wins
     assert verdict.recommend(arms).arm == "bridge" and verdict.recommend(arms).alternatives == ("spread",)
     assert verdict.recommend({"baseline": (Rate(0, 3), cheap)}).arm is None
+    # beside the recommendation, an arm rated on 8 seeds counts though it missed some (the reader weighs its rate);
+    # one on 3 seeds that missed one does not
+    arms = {"baseline": (Rate(0, 3), cheap), "late": (Rate(6, 8), cheap), "bridge": (Rate(6, 8), dear),
+            "slots": (Rate(4, 8), cheap), "shift": (Rate(2, 3), cheap)}
+    assert verdict.recommend(arms) == verdict.Recommendation("late", Rate(6, 8), ("bridge", "slots"))
 
 
 def test_every_committed_goal_met_is_the_verdicts():
