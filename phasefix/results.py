@@ -256,15 +256,35 @@ def headline_rows(head, known: set[str]) -> list[dict]:
     return [r for r in rows if r["arm"] in known]
 
 
-def comparison_section(comp, arms: Sequence[str]) -> list[str]:
+def own_regimes(comp) -> set[str]:
+    """The regimes a comparison has trained cells of (rows of its table that name its own folder)."""
+    if comp.out is None or not has_table(comp.out):
+        return set()
+    here = (PROJECT_ROOT / comp.out).resolve()
+    return {r["regime"] for r in read_table(comp.out)
+            if r.get("table") and (PROJECT_ROOT / r["table"]).resolve() == here}
+
+
+def pooled_elsewhere(comp, comps) -> dict[str, str]:
+    """{regime: the comparison whose section shows it}: the regimes of `comp` that another comparison trains cells
+    of while joining `comp`'s folder for them, so that its section pools `comp`'s runs with later seeds."""
+    if comp.out is None:
+        return {}
+    mine = (PROJECT_ROOT / comp.out).resolve()
+    return {r.name: other.name for other in comps if other is not comp for r in other.regimes
+            if r.name in own_regimes(other) and any((PROJECT_ROOT / t).resolve() == mine for t in r.tables)}
+
+
+def comparison_section(comp, arms: Sequence[str], elsewhere: Mapping[str, str] = {}) -> list[str]:
     """A comparison's own table (`out:`): how to re-run it, its matrix with costs, its mechanism figures, and the
-    arms its staged rule stopped."""
+    arms its staged rule stopped. A regime in `elsewhere` ({regime: comparison}) is left to that comparison's
+    section, which pools these runs with its later seeds (one line says so)."""
     order = {r.name: i for i, r in enumerate(comp.regimes)}  # the file's order of regimes
     rows = sorted(({**r, "arm": arm_name(r["arm"])} for r in read_table(comp.out)),
                   key=lambda r: order.get(r["regime"], len(order)))
     # only the regimes it has trained cells of: a regime whose rows all come from other tables is in their sections
-    own = {r["regime"] for r in rows if r.get("table") == str(comp.out.relative_to(PROJECT_ROOT))}
-    rows = [r for r in rows if r["regime"] in own or not r.get("table")]
+    own = own_regimes(comp) - set(elsewhere)
+    rows = [r for r in rows if r["regime"] in own or (not r.get("table") and r["regime"] not in elsewhere)]
     rel = comp.out.relative_to(PROJECT_ROOT / "docs")
     out = ["", f"## {comp.name}: {comp.description}", "",
            f"`python -m phasefix.study spec=comparisons/{comp.path.name}`; table [{comp.out.relative_to(PROJECT_ROOT)}]"
@@ -273,6 +293,11 @@ def comparison_section(comp, arms: Sequence[str]) -> list[str]:
            "Seeds meeting the goal / seeds scored (mean / worst phase / worst phase other than the boundary, over the "
            "seeds that learned).", ""]
     out += matrix(rows, arms, costs=True)
+    moved = {}
+    for regime, name in elsewhere.items():
+        moved.setdefault(name, []).append(regime)
+    out += [""] + [f"{', '.join(regimes)}: in the {name} section, which pools these cells with later seeds."
+                   for name, regimes in moved.items()] if moved else []
     out += mechanism_links(comp)
     if (comp.out / "stopped.md").is_file():
         out += ["", f"The arms its staged rule stopped after their first seeds, and why: [stopped.md]({rel}/stopped.md)."]
@@ -316,7 +341,7 @@ def results_page(comps: Sequence, recs: Sequence) -> str:
         out += matrix(headline_rows(head, set(arms)), arms)
     for comp in comps:
         if comp is not head and comp.out is not None and has_table(comp.out):
-            out += comparison_section(comp, arms)
+            out += comparison_section(comp, arms, pooled_elsewhere(comp, comps))
     out += ["", "## Arms", "", "The arms named above; each is `conf/arm/<name>.yaml` on top of a regime "
             "(`conf/regime/`, where S is its stride; every arm: `conf/arm/`).", "", "| arm | overrides |", "|---|---|"]
     named = "\n".join(out)  # the arms the page names above (conf/arm/ has more: `--help` lists them all)

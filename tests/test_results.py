@@ -110,3 +110,40 @@ def test_the_readme_figure_draws_the_committed_curves_of_the_unmitigated_run_and
     assert [list(line.get_ydata()) for line in right.lines] == [flat]
     matplotlib.pyplot.close(fig)
     assert results.readme_figure([(results.Regime("w4s4"), rec, {})], tmp_path / "none") is None
+
+
+def test_a_regime_another_comparison_pools_with_later_seeds_is_shown_in_that_comparisons_section_only(tmp_path):
+    """Comparison `a` trained regimes w8s8 and w4s4; `b` trained more seeds of w8s8 and joins `a`'s folder for it
+    (its table pools a's runs), but has no cell of w4s4 yet, though it lists a's folder there too. So w8s8 is left to
+    b's section, w4s4 stays in a's, and b leaves nothing to anyone. On the committed page no regime's rows stand in
+    two comparison sections."""
+    from types import SimpleNamespace
+
+    from phasefix import decisive, results
+    from phasefix.paths import PROJECT_ROOT
+    from phasefix.tables import write_csv
+
+    def folder(name, rows):
+        (tmp_path / name).mkdir()
+        write_csv(tmp_path / name / "decisive.csv", [{"regime": r, "arm": "spread", "padding": "prefix", "seeds": 3,
+                                                      "learned": 3, "goal_met": 3, "acc_mean": 1.0, "acc_worst": 1.0,
+                                                      "table": str(tmp_path / t)} for r, t in rows],
+                  (*decisive.COLUMNS, "table"))
+        return tmp_path / name
+
+    a = SimpleNamespace(name="a", out=folder("a", [("w8s8", "a"), ("w4s4", "a")]),
+                        regimes=[SimpleNamespace(name="w8s8", tables=[]), SimpleNamespace(name="w4s4", tables=[])])
+    b = SimpleNamespace(name="b", out=folder("b", [("w8s8", "b"), ("w4s4", "a")]),
+                        regimes=[SimpleNamespace(name="w8s8", tables=[str(a.out)]),
+                                 SimpleNamespace(name="w4s4", tables=[str(a.out)])])
+    assert results.own_regimes(a) == {"w8s8", "w4s4"} and results.own_regimes(b) == {"w8s8"}
+    assert results.pooled_elsewhere(a, [a, b]) == {"w8s8": "b"} and results.pooled_elsewhere(b, [a, b]) == {}
+
+    comps = {c.name: c for c in results.load() if not c.tables}
+    shown = []  # per comparison section: the (regime, steps) of its matrix rows
+    for section in (PROJECT_ROOT / "docs" / "results.md").read_text().split("\n## "):
+        if section.split(":")[0] in comps:
+            steps = {r.name: r.steps for r in comps[section.split(":")[0]].regimes}
+            names = {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")}
+            shown.append({(n, steps.get(n)) for n in names - {"regime", "arm"}})
+    assert len(shown) >= 2 and all(not (x & y) for i, x in enumerate(shown) for y in shown[i + 1:])
