@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,12 +22,11 @@ from omegaconf import OmegaConf
 from phasefix import verdict
 from phasefix.decisive import ARM_NAMES, arm_name
 from phasefix.paths import CONF_DIR, PROJECT_ROOT
-from phasefix.tables import CURVES_CSV, folder_members, has_table, read_curves, read_members, read_table
+from phasefix.tables import CURVES_CSV, folder_members, has_table, read_curves, read_members, read_table, seed_in_name
 from phasefix.verdict import BASELINE_ARM, GOAL_RATIO, MIN_SEEDS, Cost, Rate
 
 PADS = ("prefix", "in_sequence")
 BYTES_PER_VALUE = 2  # a cache entry's vectors stored in bf16
-SEED = re.compile(r"-s(\d+)(?:-|$)")  # a run's seed in its name: <config>-s<seed>[-<suffix>]
 README_START, README_END = "<!-- results: python -m phasefix.results -->", "<!-- /results -->"
 QUICK_START_REGIME = "w4s4"  # the README's quick start and picture: the CPU default's shape, 1,200 steps
 FIGURE_DIR = PROJECT_ROOT / "docs" / "figures" / "readme"  # the picture's runs (phasefix.report out=), its PNG
@@ -118,8 +116,8 @@ def pooled_members(comps, known_arms: set[str]) -> dict[Regime, list[dict]]:
             arm = arm_name(m["arm"])
             if m["regime"] not in names or arm not in known_arms:
                 continue
-            seed = SEED.search(m["run_name"])
-            key = (regime, arm, seed.group(1) if seed else m["run_id"])
+            seed = seed_in_name(m["run_name"])
+            key = (regime, arm, str(seed) if seed is not None else m["run_id"])
             if taken.setdefault(key, m["run_id"]) == m["run_id"]:
                 out.setdefault(regime, []).append({**m, "arm": arm, "seed": key[2]})
     return out
@@ -270,9 +268,12 @@ def pooled_elsewhere(comp, comps) -> dict[str, str]:
     of while joining `comp`'s folder for them, so that its section pools `comp`'s runs with later seeds."""
     if comp.out is None:
         return {}
-    mine = (PROJECT_ROOT / comp.out).resolve()
-    return {r.name: other.name for other in comps if other is not comp for r in other.regimes
-            if r.name in own_regimes(other) and any((PROJECT_ROOT / t).resolve() == mine for t in r.tables)}
+    mine, out = (PROJECT_ROOT / comp.out).resolve(), {}
+    for other in comps:
+        trained = own_regimes(other) if other is not comp else set()
+        out.update({r.name: other.name for r in other.regimes
+                    if r.name in trained and any((PROJECT_ROOT / t).resolve() == mine for t in r.tables)})
+    return out
 
 
 def comparison_section(comp, arms: Sequence[str], elsewhere: Mapping[str, str] = {}) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -47,6 +48,15 @@ def read_table(folder: str | Path) -> list[dict]:
         row["baseline_learned"] = bool(base) and int(base[0]["learned"]) > 0
         out.append(row)
     return out
+
+
+SEED_IN_NAME = re.compile(r"-s(\d+)(?:-|$)")  # a run's seed in its name: <config>-s<seed>[-<suffix>]
+
+
+def seed_in_name(run_name: str) -> int | None:
+    """The seed a run's name gives (`w8s8-bridge-s3`, `...-s3-pr192` -> 3), or None."""
+    found = SEED_IN_NAME.search(run_name or "")
+    return int(found.group(1)) if found else None
 
 
 def read_scores(folder: str | Path) -> list[dict]:
@@ -133,15 +143,14 @@ def joined_rows(specs: Sequence[str], tagged: set[tuple[str, str]], selected: se
     # folder written before decisive_runs.csv holds only as a row joins as its runs (`folder_members`) when runs of
     # that arm join too, so that its seeds pool with theirs instead of standing beside them as a second row.
     name = decisive.arm_name if skip_known else (lambda code: code)
+    written = {f: read_members(f) for f in specs if (Path(f) / DECISIVE_RUNS_CSV).is_file()}
     with_runs = {(r, name(a)) for r, a in tagged} | {
-        (m["regime"], name(m["arm"])) for f in specs if (Path(f) / DECISIVE_RUNS_CSV).is_file()
-        for m in read_members(f)} if skip_known else set()
+        (m["regime"], name(m["arm"])) for ms in written.values() for m in ms} if skip_known else set()
     for folder in specs:
-        path, runs_path = Path(folder) / DECISIVE_CSV, Path(folder) / DECISIVE_RUNS_CSV
+        path = Path(folder) / DECISIVE_CSV
         check(path.is_file(), "join", folder, f"needs {path}: a folder phasefix.report wrote for regime-tagged runs")
-        runs = [{**m, "arm": name(m["arm"])} for m in (read_members(folder) if runs_path.is_file() else ())
-                if m["regime"] in regimes]
-        if skip_known and not runs_path.is_file():
+        runs = [{**m, "arm": name(m["arm"])} for m in written.get(folder, ()) if m["regime"] in regimes]
+        if skip_known and folder not in written:
             runs = [{**m, "arm": name(m["arm"])} for m in folder_members(folder)
                     if m["regime"] in regimes and (m["regime"], name(m["arm"])) in with_runs]
         pooled = {(m["regime"], m["arm"]) for m in runs}

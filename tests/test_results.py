@@ -147,3 +147,10 @@ def test_a_regime_another_comparison_pools_with_later_seeds_is_shown_in_that_com
             names = {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")}
             shown.append({(n, steps.get(n)) for n in names - {"regime", "arm"}})
     assert len(shown) >= 2 and all(not (x & y) for i, x in enumerate(shown) for y in shown[i + 1:])
+
+
+def test_a_runs_seed_is_read_from_its_name_by_one_rule():
+    from phasefix.tables import seed_in_name
+
+    assert [seed_in_name(n) for n in ("w8s8-bridge-s3", "coverage_w8s8_curric-spread-s12-pr192", "w4s4-t5",
+                                      "w4s4-s2x", "")] == [3, 12, None, None, None]

@@ -246,7 +246,7 @@ def committed_runs(folder: str | Path) -> list[dict]:
     runs' tags); the seed from the run's command (`seed=N`), else its name (`...-sN`); a re-scored run (an evaluate
     run) stands for the fit run it scored."""
     from phasefix.decisive import number
-    from phasefix.tables import folder_members, read_scores
+    from phasefix.tables import folder_members, read_scores, seed_in_name
 
     folder = Path(folder)
     if not folder.is_absolute():
@@ -257,16 +257,14 @@ def committed_runs(folder: str | Path) -> list[dict]:
         run["scores"][row["padding"]] = {k: float(row[k]) for k in METRICS if row.get(k)}
         words = shlex.split(row.get("command") or "")
         seed = next((w.split("=", 1)[1] for w in words if w.startswith("seed=")), None)
-        name_seed = re.search(r"-s(\d+)(?:-|$)", row["run_name"])
-        run["seed"] = int(seed) if seed is not None else int(name_seed.group(1)) if name_seed else None
+        run["seed"] = int(seed) if seed is not None else seed_in_name(row["run_name"])
         tags = dict(w[len("+logger.tags."):].split("=", 1) for w in words if w.startswith("+logger.tags."))
         run.setdefault("regime", tags.get("regime"))
         run.setdefault("arm", tags.get("arm"))
     for m in folder_members(folder):  # the folder's own regime x arm of each run (also for re-scored runs)
         if m["run_id"] not in by_id:  # pooled in its decisive table, not scored in its comparison.csv: its name's seed
-            name_seed = re.search(r"-s(\d+)(?:-|$)", m["run_name"])
             by_id[m["run_id"]] = {"run_id": m["run_id"], "run_name": m["run_name"], "scores": {},
-                                  "seed": int(name_seed.group(1)) if name_seed else None}
+                                  "seed": seed_in_name(m["run_name"])}
         run = by_id[m["run_id"]]
         run["regime"], run["arm"] = m["regime"], m["arm"]
         run["scores"].setdefault(m["padding"], {k: m[k] for k in METRICS if not math.isnan(number(m.get(k)))})
