@@ -11,7 +11,7 @@ from phasefix import config as C
 from phasefix import tracking
 from phasefix.errors import ConfigError
 from phasefix.paths import PROJECT_ROOT
-from phasefix.study.cells import cells, load_comparison
+from phasefix.study.cells import cells, committed_runs, load_comparison
 from phasefix.study.grid import run_comparison
 
 HEADLINE = PROJECT_ROOT / "comparisons/headline.yaml"
@@ -377,3 +377,20 @@ def test_cells_scored_on_fewer_prompts_than_per_residue_are_re_scored_once_and_t
     assert rows[("spread", "prefix")]["seeds"] == "2"
     assert fits["spread-s0"] not in (tmp_path / "out" / "comparison.csv").read_text()
     assert run_comparison(spec, fit_fn=fit, tracking_uri=uri, report_only=True)["rescored"] == 0
+
+
+def test_a_comparison_reuses_the_cells_its_own_tables_hold():
+    """comparisons/rates.yaml's w8s8_inseqfirst names only the folders of seeds 0-2 in `table:`; its seeds 3-5 were
+    trained by an earlier slice and are committed in the comparison's own tables (docs/figures/rates). A fresh store
+    must find them there rather than train them again; seed 6 was never trained."""
+    from phasefix.fit import compose
+    from phasefix.study.cells import FitOrReuse
+
+    reuse = FitOrReuse(str(PROJECT_ROOT / "comparisons/rates.yaml"), "sqlite:///:memory:")
+    cell = ["regime=w8s8_inseqfirst", "arm=shift_spread_gate_diversity"]
+    own = {run["run_id"] for run in committed_runs(PROJECT_ROOT / "docs/figures/rates")}
+    for seed in (3, 4, 5):
+        found = reuse.tables()[("w8s8_inseqfirst", "shift_spread_gate_diversity", seed)]
+        assert found["run_id"] in own
+        assert reuse.finished(compose([*cell, f"seed={seed}"]))["mlflow_run_id"] == found["run_id"]
+    assert ("w8s8_inseqfirst", "shift_spread_gate_diversity", 6) not in reuse.tables()

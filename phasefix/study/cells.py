@@ -306,8 +306,8 @@ def finished_in_store(uri: str | None) -> list[tuple[dict, dict]]:
 
 @dataclass
 class FitOrReuse:
-    """The study's fit function for a comparison: a cell finished before returns that run's scores, any other cell
-    trains (`phasefix.fit.fit`). Picklable, so that each worker process builds its own index."""
+    """The study's fit function for a comparison: a cell finished before (in its regimes' `table:` folders, its own
+    `out` tables or the MLflow store) returns that run's scores, any other cell trains (`phasefix.fit.fit`). Picklable, so that each worker process builds its own index."""
 
     comparison_path: str
     tracking_uri: str | None = None
@@ -319,9 +319,10 @@ class FitOrReuse:
     def tables(self) -> dict:
         if self._tables is None:
             comp = load_comparison(self.comparison_path)
+            own = [comp.out] if comp.out is not None and (comp.out / SCORES_CSV).is_file() else []
             self._tables = {}
             for r in comp.regimes:
-                for table in r.tables:
+                for table in [*r.tables, *own]:  # its own tables too: the cells a slice before this one finished
                     for run in committed_runs(table):
                         if run["regime"] == r.name:
                             self._tables.setdefault((run["regime"], run["arm"], run["seed"]), run)
