@@ -16,8 +16,10 @@ outputs/reports/<date>-<time>):
                                    a run (a re-scoring) joins as that run, with its own accuracy
   decisive_runs.csv                each of those runs' facts per padding, for a later `join=`
   runs.md                          each of those runs (seed) per padding: mean / worst, bold where it meets the goal
-  phase_grid_<padding>.png         one panel per regime and arm: seeds faint, mean with a min-max band, boundary marked
-  worst_vs_mean.png                every run's worst residue against its mean, coloured by arm, with the goal line
+  phase_grid_<padding>.png         one panel per regime and arm (pooled runs too, where curves were kept): seeds faint,
+                                   mean with a min-max band, boundary marked
+  worst_vs_mean.png                every run's worst residue against its mean (pooled runs too), coloured by arm,
+                                   with the goal line
   pareto.png / pareto.csv          for studies (runs with a parent run): mean vs worst residue and the Pareto front
   flip.csv                         flip-probe runs: detected period, FFT period, range of the log-prob difference
   side_by_side.csv / .md / .png    two evaluate runs of the same prompts (runs=A,B: a reference and a deployment):
@@ -68,6 +70,7 @@ from omegaconf import DictConfig
 from phasefix.decisive import number
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
+from phasefix.paths import PROJECT_ROOT
 from phasefix.quotes import inside, quotes, refresh_quotes
 from phasefix.run_scores import collect, left_out, regime_facts, rescored_sources
 from phasefix.tables import (CURVES_CSV, DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, earlier_scores, fmt,
@@ -257,6 +260,31 @@ def pareto_rows(rows: Sequence[Mapping]) -> list[dict]:
     return out
 
 
+def figure_runs(rows: Sequence[Mapping], curves: Mapping, facts: Mapping,
+                pooled: Sequence[Mapping]) -> tuple[list[dict], dict, dict]:
+    """(rows, curves, facts) of every run a decisive table counts: this store's runs and the committed runs it pools
+    (`pooled`, each with the scores and curves kept by the folder that scored it, its `table`), so that the
+    figures show what the tables say rather than only the runs of the store that wrote them last."""
+    rows, curves = list(rows), dict(curves)
+    facts = {**{m["run_id"]: {"regime": m["regime"], "arm": m["arm"], "learned": m["learned"]} for m in pooled},
+             **facts}
+    have = {r["run_id"] for r in rows}
+    by_folder: dict[str, set[str]] = {}
+    for m in pooled:
+        if m["run_id"] not in have:
+            by_folder.setdefault(m.get("table") or m["joined_from"], set()).add(m["run_id"])  # its comparison.csv
+    for folder, ids in by_folder.items():
+        path = Path(folder) if Path(folder).is_absolute() else PROJECT_ROOT / folder
+        more, more_curves = earlier_scores(path, ids)
+        rows += more
+        curves.update(more_curves)
+    have = {(r["run_id"], r["padding"]) for r in rows}
+    rows += [{"run_id": m["run_id"], "run_name": m["run_name"], "padding": m["padding"], "stride": "",
+              "acc_mean": m["acc_mean"], "acc_worst": m["acc_worst"]}  # pooled, no comparison.csv row: a point
+             for m in pooled if (m["run_id"], m["padding"]) not in have]
+    return rows, curves, facts
+
+
 def write_decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts: Mapping, sources: Mapping,
              joined: Sequence[Mapping] = (), pooled: Sequence[Mapping] = (),
              table: str = "") -> tuple[list[str], list[dict]]:
@@ -278,11 +306,12 @@ def write_decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts
     (out / "headline.md").write_text(decisive.markdown(decisive.best_rows(drows)))
     (out / "runs.md").write_text(decisive.runs_markdown(members, joined))
     files = [DECISIVE_CSV, DECISIVE_RUNS_CSV, "decisive.md", "headline.md", "runs.md"]
+    drawn_rows, drawn_curves, drawn = figure_runs(rows, curves, facts, pooled)
     for pad in PADDINGS:
-        if any(r["padding"] == pad and r["run_id"] in facts for r in rows):
-            plots.save(plots.phase_grid(rows, curves, facts, pad), out / f"phase_grid_{pad}.png")
+        if any(r["padding"] == pad and r["run_id"] in drawn and (r["run_id"], pad) in drawn_curves for r in drawn_rows):
+            plots.save(plots.phase_grid(drawn_rows, drawn_curves, drawn, pad), out / f"phase_grid_{pad}.png")
             files.append(f"phase_grid_{pad}.png")
-    plots.save(plots.worst_vs_mean(rows, facts), out / "worst_vs_mean.png")
+    plots.save(plots.worst_vs_mean(drawn_rows, drawn), out / "worst_vs_mean.png")
     reported = {r["run_id"] for r in rows}  # the loss figure shows the table's runs, not the unfinished ones
     trained = {rid: sources[rid].info.run_id if rid in sources else rid for rid in facts}
     losses = {rid: tracking.metric_curve(c, trained[rid], "train/loss") for rid in facts if rid in reported}

@@ -6,10 +6,12 @@ import contextlib
 import csv
 import math
 
+import matplotlib
 import pytest
 import torch
 
 from phasefix import tracking
+from phasefix.paths import PROJECT_ROOT
 from phasefix.report import main, pareto_front, report
 from helpers import committed_table, phase_result
 
@@ -419,3 +421,27 @@ def test_a_comparisons_copy_of_another_tables_row_gives_way_to_a_folder_joined_b
         ("spread", "in_sequence", str(own), 1.00), ("spread", "prefix", str(own), 1.00)]
     with pytest.raises(ConfigError, match="repeats arm baseline of regime w4s4"):
         joined_rows([str(rescored), str(own)], set(), set(), ["w4s4"])
+
+
+def test_a_comparisons_figures_draw_every_run_its_tables_pool():
+    """A comparison written from a fresh store pools its earlier runs from its committed folder (decisive_runs.csv):
+    its figures draw them too, at the scores and with the curves that folder's comparison.csv and phase_curves.csv
+    hold, not only the store's new runs (docs/figures/rates drew 9 of its 60-odd runs)."""
+    from phasefix import plots
+    from phasefix.report import figure_runs
+    from phasefix.tables import read_curves, read_members, read_scores
+
+    folder = PROJECT_ROOT / "docs/figures/rates"
+    pooled = [{**m, "joined_from": "docs/figures/rates"} for m in read_members(folder)]
+    rows, curves, facts = figure_runs([], {}, {}, pooled)
+    scores = {(r["run_id"], r["padding"]): float(r["acc_mean"]) for r in read_scores(folder)}
+    assert {(m["run_id"], m["padding"]) for m in pooled} == {(r["run_id"], r["padding"]) for r in rows}
+    for r in rows:
+        if (r["run_id"], r["padding"]) in scores:
+            assert r["acc_mean"] == pytest.approx(scores[(r["run_id"], r["padding"])], abs=1e-6)
+    assert {(m["regime"], m["arm"]) for m in pooled} == {(f["regime"], f["arm"]) for f in facts.values()}
+    assert curves and set(curves) <= set(read_curves(folder))
+    prefix = [r for r in rows if r["padding"] == "prefix" and not math.isnan(r["acc_mean"])]
+    fig = plots.worst_vs_mean(rows, facts)
+    assert sum(len(p.get_offsets()) for p in fig.axes[0].collections) == len(prefix)
+    matplotlib.pyplot.close(fig)

@@ -74,23 +74,27 @@ def _arms(rows, facts) -> list[str]:
 
 
 def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping], padding: str = "prefix"):
-    """One panel per (regime, arm): each seed's curve faint, the mean over learned seeds bold with a min-max band,
-    dotted lines at every window start and the boundary residues (phase S-1) shaded."""
-    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")]
+    """One panel per (regime, arm) with phase curves: each seed's curve faint, the mean over learned seeds bold with a
+    min-max band, dotted lines at every window start and the boundary residues (phase S-1) shaded."""
+    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")
+            and curves.get((r["run_id"], padding))]  # a pooled run whose folder kept no curves has no panel
     regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
-    arms = _arms(rows, facts)
-    fig, axes = plt.subplots(len(regimes), len(arms), figsize=(2.3 * len(arms) + 0.6, 1.9 * len(regimes) + 0.6),
+    # each regime's row holds its own arms (a comparison pooling other tables has regimes with few arms and many)
+    arms_of = {g: _arms([r for r in rows if facts[r["run_id"]]["regime"] == g], facts) for g in regimes}
+    ncols = max(len(a) for a in arms_of.values())
+    fig, axes = plt.subplots(len(regimes), ncols, figsize=(2.3 * ncols + 0.6, 1.9 * len(regimes) + 0.6),
                              squeeze=False, sharex=True, sharey=True)
     for i, regime in enumerate(regimes):
-        for j, arm in enumerate(arms):
+        for ax in axes[i, len(arms_of[regime]):]:
+            ax.set_visible(False)
+        for j, arm in enumerate(arms_of[regime]):
             ax = axes[i, j]
             members = [r for r in rows if facts[r["run_id"]]["regime"] == regime
                        and facts[r["run_id"]]["arm"] == arm]
             seeds = [(curves.get((r["run_id"], padding)) or [], facts[r["run_id"]]["learned"]) for r in members]
             seeds = [(c, ok) for c, ok in seeds if c]
-            ax.tick_params(labelsize=6)
-            if i == 0:
-                ax.set_title(arm, fontsize=8)
+            ax.tick_params(labelsize=6, labelbottom=True)
+            ax.set_title(arm, fontsize=7)
             if j == 0:
                 ax.set_ylabel(f"{regime}\naccuracy", fontsize=7)
             if not seeds:
@@ -98,7 +102,8 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
                         transform=ax.transAxes)
                 continue
             n = len(seeds[0][0])
-            stride = facts[members[0]["run_id"]].get("stride") or int(members[0]["stride"] or n)
+            stride = next((int(s) for m in members for s in (facts[m["run_id"]].get("stride"), m.get("stride"))
+                           if s), n)  # a pooled run's row may not know it
             for r0 in boundary_residues(n, stride):
                 ax.axvspan(r0 - 0.5, r0 + 0.5, color="tab:red", alpha=0.08, lw=0)
             for x in range(0, n + 1, stride):
@@ -115,8 +120,9 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
             ax.text(0.98, 0.04, f"{len(learned)}/{len(seeds)} learned", ha="right", va="bottom", fontsize=6,
                     transform=ax.transAxes)
             ax.set_ylim(-0.03, 1.03)
-    for ax in axes[-1]:
-        ax.set_xlabel("residue of the target key", fontsize=7)
+    for i, regime in enumerate(regimes):
+        for ax in axes[i, :len(arms_of[regime])]:
+            ax.set_xlabel("residue of the target key", fontsize=6)
     handles = [plt.Line2D([], [], color="tab:blue", lw=1.4, label="mean over learned seeds"),
                plt.matplotlib.patches.Patch(color="tab:blue", alpha=0.15, label="min-max over learned seeds"),
                plt.Line2D([], [], color="tab:blue", lw=0.6, alpha=0.5, label="one seed"),
@@ -125,9 +131,9 @@ def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Map
                plt.Line2D([], [], color="grey", lw=0.6, ls=":", label="window start")]
     # the title above the panels, the legend below them, in as many columns as their width holds (save() crops to
     # what is drawn, outside the figure's box too)
-    fig.suptitle(f"{padding} padding", fontsize=9, x=0.01, ha="left")
+    fig.suptitle(f"{padding} padding: the runs whose phase curves are kept", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
-    fig.legend(handles=handles, loc="upper center", ncol=6 if len(arms) >= 4 else 3, fontsize=7, frameon=False,
+    fig.legend(handles=handles, loc="upper center", ncol=6 if ncols >= 4 else 3, fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     return fig
 
