@@ -165,19 +165,31 @@ def recommendations(pooled: Mapping[Regime, Sequence[Mapping]]) -> list[tuple[Re
 
 
 def answer(recs) -> list[str]:
-    """The first table: per regime the recommended arm, its rate, its cost, and the other arms that met the goal on
-    every seed scored or are rated on 8+ seeds (with theirs)."""
-    lines = ["| regime | use | seeds meeting the goal on both paddings | cost against `baseline` | "
-             "other arms: every seed met, or rated on 8+ seeds |", "|---|---|---|---|---|"]
-    for regime, rec, arms in recs:
+    """The first tables: per regime the recommended arm (rated on MIN_SEEDS+ seeds), its rate, its cost, and the other
+    arms that met the goal on every seed scored or are rated on 8+ seeds (with theirs); then the candidates, the
+    rule's pick where it has fewer seeds (not yet a recommendation); then the regimes where no arm meets it."""
+    header = ("| regime | {} | seeds meeting the goal on both paddings | cost against `baseline` | "
+              "other arms: every seed met, or rated on 8+ seeds |")
+
+    def row(regime, rec, arms):
         base = arms[BASELINE_ARM][1]
-        if rec.arm is None:
-            lines.append(f"| {regime.label()} | no arm meets it | - | - | - |")
-            continue
         also = ", ".join(f"`{a}` ({arms[a][0].k} of {arms[a][0].n}, {cost_text(arms[a][1], base)})"
                          for a in rec.alternatives)
-        lines.append(f"| {regime.label()} | `{rec.arm}` | {rec.rate.text()} | "
-                     f"{cost_text(arms[rec.arm][1], base)} | {also or '-'} |")
+        return (f"| {regime.label()} | `{rec.arm}` | {rec.rate.text(False)} | {cost_text(arms[rec.arm][1], base)} | "
+                f"{also or '-'} |")
+
+    rated = [row(*r) for r in recs if r[1].arm is not None and not r[1].rate.provisional]
+    fewer = [row(*r) for r in recs if r[1].arm is not None and r[1].rate.provisional]
+    none = [r[0].label() for r in recs if r[1].arm is None]
+    lines = [header.format("use"), "|---|---|---|---|---|", *rated]
+    if not rated:
+        lines = [f"No regime is rated on {MIN_SEEDS}+ seeds yet."]
+    if fewer:
+        lines += ["", f"Candidates: the rule's pick on fewer than {MIN_SEEDS} seeds (provisional), not yet a "
+                  "recommendation.", "",
+                  header.format("candidate"), "|---|---|---|---|---|", *fewer]
+    if none:
+        lines += ["", f"No arm meets the goal on any seed in {', '.join(none)}."]
     return lines
 
 
@@ -349,9 +361,9 @@ def results_page(comps: Sequence, recs: Sequence) -> str:
     out += [f"| `{a}` | `{arm_overrides(a)}` |" for a in arms if f"`{a}`" in named]
     if head:
         out += ["", "## Tables", ""]
-        for r in head.regimes:
-            links = ", ".join(f"[{Path(t).name}]({Path(t).relative_to('docs')}/comparison.md)" for t in r.tables)
-            out.append(f"- {r.name}: {links}")
+        out.append("The headline's runs, per regime: " + "; ".join(  # one line: the page stays answer-first
+            f"{r.name}: " + ", ".join(f"[{Path(t).name}]({Path(t).relative_to('docs')}/comparison.md)"
+                                      for t in r.tables) for r in head.regimes) + ".")
         if head.out and (head.out / "headline.md").is_file():  # linked, not quoted: the page stays answer-first
             rel = head.out.relative_to(PROJECT_ROOT / "docs")
             codes = ", ".join(f"{k} = `{v}`" for k, v in ARM_NAMES.items())
@@ -390,15 +402,21 @@ def readme_part(recs, figure: bool = False) -> str:
     page: one line per (arm, rate, cost), the regimes it is recommended in."""
     import textwrap
 
-    groups: dict[tuple[bool, str, str, str], list[str]] = {}  # the free arms first
+    groups: dict[tuple[bool, bool, str, str, str], list[str]] = {}  # rated on 8+ seeds first, then the free arms
     for regime, rec, arms in recs:
         if rec.arm not in (None, BASELINE_ARM):
             mine, base = arms[rec.arm][1], arms[BASELINE_ARM][1]
-            key = (not verdict.free(mine, base), rec.arm, rec.rate.text(), cost_text(mine, base))
+            key = (rec.rate.provisional, not verdict.free(mine, base), rec.arm, rec.rate.text(False),
+                   cost_text(mine, base))
             groups.setdefault(key, []).append(regime.label())
-    lines = ["The arm per regime by [docs/results.md](docs/results.md)'s rule (highest Wilson lower bound, then "
-             "least cost):", ""]
-    for (_, arm, rate, cost), regimes in sorted(groups.items(), key=lambda kv: kv[0][0]):
+    lines = [*textwrap.wrap("The arm per regime by [docs/results.md](docs/results.md)'s rule (highest Wilson lower "
+                            f"bound, then least cost), a recommendation where rated on {MIN_SEEDS}+ seeds:", width=118),
+             ""]
+    said = False
+    for (provisional, _, arm, rate, cost), regimes in sorted(groups.items(), key=lambda kv: kv[0][:2]):
+        if provisional and not said:
+            lines += ["", f"Candidates, on fewer than {MIN_SEEDS} seeds (provisional), not yet recommendations:"]
+            said = True
         lines += textwrap.wrap(f"- **`arm={arm}`** ({cost}) in {', '.join(regimes)}: {'each ' * (len(regimes) > 1)}"
                                f"{rate}", width=118, subsequent_indent="  ")
     none = [regime.label() for regime, rec, _ in recs if rec.arm is None]
@@ -406,7 +424,7 @@ def readme_part(recs, figure: bool = False) -> str:
         lines.append(f"- no arm meets it yet in {', '.join(none)}")
     quick = next(((regime, rec) for regime, rec, _ in recs if regime == Regime(QUICK_START_REGIME)), None)
     if figure:
-        lines += ["", f"![{QUICK_START_REGIME}: the unmitigated model's phase curve beside the recommended arm's]"
+        lines += ["", f"![{QUICK_START_REGIME}: the unmitigated model's phase curve beside the rule's pick]"
                       f"({FIGURE_DIR.relative_to(PROJECT_ROOT)}/{FIGURE})"]
     if quick and quick[1].arm is not None:
         regime, rec = quick

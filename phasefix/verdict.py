@@ -134,12 +134,12 @@ class Rate:
     def reliable(self) -> bool:
         return not self.provisional and self.k >= RELIABLE_SHARE * self.n
 
-    def text(self) -> str:
-        """"k of n seeds (95% CI lo-hi)", and ", provisional: < 8" below MIN_SEEDS seeds, ", short of 7 of 8" on
-        enough seeds but below RELIABLE_SHARE."""
+    def text(self, say_provisional: bool = True) -> str:
+        """"k of n seeds (95% CI lo-hi)", and ", provisional: < 8" below MIN_SEEDS seeds (unless `say_provisional`
+        is off: a list of candidates says it once), ", short of 7 of 8" on enough seeds but below RELIABLE_SHARE."""
         lo, hi = self.interval
         return f"{self.k} of {self.n} seeds (95% CI {lo:.2f}-{hi:.2f})" + (
-            f", provisional: < {MIN_SEEDS}" if self.provisional else
+            (f", provisional: < {MIN_SEEDS}" if say_provisional else "") if self.provisional else
             "" if self.reliable else f", short of {round(RELIABLE_SHARE * MIN_SEEDS)} of {MIN_SEEDS}")
 
 

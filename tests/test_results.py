@@ -80,9 +80,12 @@ def test_seeds_pool_across_comparisons_once_each_and_the_rule_picks_the_highest_
     assert {a: (r.k, r.n) for a, (r, _) in arms.items()} == {"baseline": (0, 3), "bridge": (3, 3), "spread": (2, 3)}
     assert rec.arm == "bridge" and rec.alternatives == () and rec.rate.text().startswith("3 of 3 seeds (95% CI 0.44-")
     assert long.label() == "w8s8 (4,500 steps)" and long_rec.arm == "bridge"  # the same runs: another regime's
-    [line] = [x for x in results.answer(results.recommendations(pooled)) if x.startswith("| w8s8 |")]
-    assert line == ("| w8s8 | `bridge` | 3 of 3 seeds (95% CI 0.44-1.00), provisional: < 8 | MACs +12.5%, bytes same "
-                    "| - |")
+    lines = results.answer(results.recommendations(pooled))
+    [line] = [x for x in lines if x.startswith("| w8s8 |")]
+    # on 3 seeds the pick is a candidate, not a recommendation: no "use" table, its row under the candidates'
+    assert lines[0] == "No regime is rated on 8+ seeds yet." and not any("| use |" in x for x in lines)
+    assert lines.index(line) > next(i for i, x in enumerate(lines) if "| candidate |" in x)
+    assert line == "| w8s8 | `bridge` | 3 of 3 seeds (95% CI 0.44-1.00) | MACs +12.5%, bytes same | - |"
 
 
 def test_the_readme_figure_draws_the_committed_curves_of_the_unmitigated_run_and_the_recommended_arm(tmp_path):
@@ -154,3 +157,22 @@ def test_a_runs_seed_is_read_from_its_name_by_one_rule():
 
     assert [seed_in_name(n) for n in ("w8s8-bridge-s3", "coverage_w8s8_curric-spread-s12-pr192", "w4s4-t5",
                                       "w4s4-s2x", "")] == [3, 12, None, None, None]
+
+
+def test_only_a_pick_rated_on_8_seeds_is_a_recommendation_the_rest_are_candidates():
+    from phasefix import results, verdict
+
+    cost = verdict.Cost(128, 0.5, 33792)
+    rated = {"baseline": (verdict.Rate(0, 8), cost), "spread": (verdict.Rate(8, 8), cost)}
+    few = {"baseline": (verdict.Rate(0, 3), cost), "spread": (verdict.Rate(3, 3), cost)}
+    none = {"baseline": (verdict.Rate(0, 3), cost), "spread": (verdict.Rate(0, 3), cost)}
+    recs = [(results.Regime(name), verdict.recommend(arms), arms)
+            for name, arms in (("a", rated), ("b", few), ("c", none))]
+    lines = results.answer(recs)
+    use, candidate = lines.index(next(x for x in lines if "| use |" in x)), \
+        lines.index(next(x for x in lines if "| candidate |" in x))
+    assert use == 0 and lines[2] == "| a | `spread` | 8 of 8 seeds (95% CI 0.68-1.00) | MACs same, bytes same | - |"
+    assert lines[candidate + 2] == "| b | `spread` | 3 of 3 seeds (95% CI 0.44-1.00) | MACs same, bytes same | - |"
+    assert lines[-1] == "No arm meets the goal on any seed in c."
+    readme = results.readme_part(recs)
+    assert readme.index("in a: 8 of 8") < readme.index("Candidates, on fewer than 8 seeds") < readme.index("in b: 3 of 3")
