@@ -7,7 +7,8 @@ interrupted cells retried).
 A cell is `regime=R arm=A seed=N` (conf/regime, conf/arm) plus the file's `base` overrides (threads, progress bars:
 nothing that changes what is trained). A cell already finished is not trained again: its trial reuses
 
-- a run of a committed table the regime names (`table:`), tagged with the regime and the arm (old arm codes mapped:
+- a run of a committed table the regime names (`table:`) or of the comparison's own tables (`out`: the cells an
+  earlier slice or machine trained), tagged with the regime and the arm (old arm codes mapped:
   `phasefix.decisive.ARM_NAMES`) and trained on the seed (tests/test_regimes.py checks that such runs trained
   what the cell composes), or
 - a FINISHED fit run in the MLflow store whose logged config equals the cell's on the keys that decide what is
