@@ -181,9 +181,8 @@ def answer(recs) -> list[str]:
     rated = [row(*r) for r in recs if r[1].arm is not None and not r[1].rate.provisional]
     fewer = [row(*r) for r in recs if r[1].arm is not None and r[1].rate.provisional]
     none = [r[0].label() for r in recs if r[1].arm is None]
-    lines = [header.format("use"), "|---|---|---|---|---|", *rated]
-    if not rated:
-        lines = [f"No regime is rated on {MIN_SEEDS}+ seeds yet."]
+    lines = [header.format("use"), "|---|---|---|---|---|", *rated] if rated else \
+        [f"No regime is rated on {MIN_SEEDS}+ seeds yet."]
     if fewer:
         lines += ["", f"Candidates: the rule's pick on fewer than {MIN_SEEDS} seeds (provisional), not yet a "
                   "recommendation.", "",

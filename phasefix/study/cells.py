@@ -308,7 +308,8 @@ def finished_in_store(uri: str | None) -> list[tuple[dict, dict]]:
 @dataclass
 class FitOrReuse:
     """The study's fit function for a comparison: a cell finished before (in its regimes' `table:` folders, its own
-    `out` tables or the MLflow store) returns that run's scores, any other cell trains (`phasefix.fit.fit`). Picklable, so that each worker process builds its own index."""
+    `out` tables or the MLflow store) returns that run's scores, any other cell trains (`phasefix.fit.fit`).
+    Picklable, so that each worker process builds its own index."""
 
     comparison_path: str
     tracking_uri: str | None = None
@@ -320,11 +321,14 @@ class FitOrReuse:
     def tables(self) -> dict:
         if self._tables is None:
             comp = load_comparison(self.comparison_path)
-            own = [comp.out] if comp.out is not None and (comp.out / SCORES_CSV).is_file() else []
+            own = [str(comp.out)] if comp.out is not None and (comp.out / SCORES_CSV).is_file() else []
+            read: dict[str, list[dict]] = {}  # each folder read once, though several regimes name it
             self._tables = {}
             for r in comp.regimes:
                 for table in [*r.tables, *own]:  # its own tables too: the cells a slice before this one finished
-                    for run in committed_runs(table):
+                    if table not in read:
+                        read[table] = committed_runs(table)
+                    for run in read[table]:
                         if run["regime"] == r.name:
                             self._tables.setdefault((run["regime"], run["arm"], run["seed"]), run)
         return self._tables
