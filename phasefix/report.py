@@ -308,7 +308,7 @@ def write_decisive(c, out: Path, rows: Sequence[Mapping], curves: Mapping, facts
     files = [DECISIVE_CSV, DECISIVE_RUNS_CSV, "decisive.md", "headline.md", "runs.md"]
     drawn_rows, drawn_curves, drawn = figure_runs(rows, curves, facts, pooled)
     for pad in PADDINGS:
-        if any(r["padding"] == pad and r["run_id"] in drawn and (r["run_id"], pad) in drawn_curves for r in drawn_rows):
+        if plots.phase_grid_rows(drawn_rows, drawn_curves, drawn, pad):
             plots.save(plots.phase_grid(drawn_rows, drawn_curves, drawn, pad), out / f"phase_grid_{pad}.png")
             files.append(f"phase_grid_{pad}.png")
     plots.save(plots.worst_vs_mean(drawn_rows, drawn), out / "worst_vs_mean.png")

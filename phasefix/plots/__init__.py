@@ -37,10 +37,10 @@ from phasefix.plots.one_run import (audit_phase_heatmap, cycle_prediction, flip_
                                 gate_stats_heatmap, knockout_heatmap, period_curve, phase_curves,
                                 phase_grid_heatmap)
 from phasefix.plots.across_runs import (fix_side_by_side, headline_worst_vs_mean, loss_curves, phase_grid,  # noqa: E402
-                                 runs_pareto, runs_phase_curves, side_by_side, worst_vs_mean)
+                                        phase_grid_rows, runs_pareto, runs_phase_curves, side_by_side, worst_vs_mean)
 from phasefix.plots.study import study_pareto, theory_gates  # noqa: E402
 
 __all__ = ["audit_phase_heatmap", "cycle_prediction", "fix_side_by_side", "flip_curve", "gate_heatmap",
            "gate_stats_heatmap", "headline_worst_vs_mean", "knockout_heatmap", "loss_curves", "period_curve", "phase_curves", "phase_grid",
-           "phase_grid_heatmap", "runs_pareto", "runs_phase_curves", "save", "side_by_side", "study_pareto",
+           "phase_grid_heatmap", "phase_grid_rows", "runs_pareto", "runs_phase_curves", "save", "side_by_side", "study_pareto",
            "theory_gates", "worst_vs_mean"]

@@ -73,11 +73,18 @@ def _arms(rows, facts) -> list[str]:
     return sorted(arms, key=lambda a: (a != BASELINE_ARM, a))
 
 
+def phase_grid_rows(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping],
+                    padding: str) -> list[Mapping]:
+    """The rows `phase_grid` draws on `padding`: a known regime and a kept curve (a pooled run whose folder kept no
+    curves has no panel); none, no figure."""
+    return [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")
+            and curves.get((r["run_id"], padding))]
+
+
 def phase_grid(rows: Sequence[Mapping], curves: Mapping, facts: Mapping[str, Mapping], padding: str = "prefix"):
     """One panel per (regime, arm) with phase curves: each seed's curve faint, the mean over learned seeds bold with a
     min-max band, dotted lines at every window start and the boundary residues (phase S-1) shaded."""
-    rows = [r for r in rows if r["padding"] == padding and facts.get(r["run_id"], {}).get("regime")
-            and curves.get((r["run_id"], padding))]  # a pooled run whose folder kept no curves has no panel
+    rows = phase_grid_rows(rows, curves, facts, padding)
     regimes = list(dict.fromkeys(facts[r["run_id"]]["regime"] for r in rows))
     # each regime's row holds its own arms (a comparison pooling other tables has regimes with few arms and many)
     arms_of = {g: _arms([r for r in rows if facts[r["run_id"]]["regime"] == g], facts) for g in regimes}
