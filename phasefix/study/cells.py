@@ -226,7 +226,7 @@ def schema_defaults() -> dict[str, str]:
     def of(prefix: str, schema) -> dict[str, str]:
         return identity(C.flatten({prefix: OmegaConf.to_container(OmegaConf.structured(schema))}))
 
-    out = {**of("model", C.ModelConfig), **of("optim", C.OptimConfig), **of("trainer", C.TrainerConfig)}
+    out = identity(C.flatten(OmegaConf.to_container(OmegaConf.structured(C.FitConfig))))  # data: MISSING, no keys
     for name, options in C.MITIGATION_OPTIONS.items():
         out.update(of(f"mitigation.{name}", options))
     retrieval, lm_mix = of("data", C.RetrievalData), of("data", C.LMMixData)
