@@ -8,6 +8,12 @@ MLRUNS_DIR = PROJECT_ROOT / "mlruns"
 OUTPUTS_DIR = PROJECT_ROOT / "outputs"
 
 
+def project_path(path: str | Path) -> Path:
+    """A path as the comparison files write it (relative to the project root, or absolute), made absolute."""
+    path = Path(path)
+    return path if path.is_absolute() else PROJECT_ROOT / path
+
+
 def default_tracking_uri() -> str:
     return f"sqlite:///{MLRUNS_DIR / 'mlflow.db'}"
 

@@ -70,7 +70,7 @@ from omegaconf import DictConfig
 from phasefix.decisive import number
 from phasefix.data.layout import PADDINGS
 from phasefix.errors import check, check_choice
-from phasefix.paths import PROJECT_ROOT
+from phasefix.paths import project_path
 from phasefix.quotes import inside, quotes, refresh_quotes
 from phasefix.run_scores import collect, left_out, regime_facts, rescored_sources
 from phasefix.tables import (CURVES_CSV, DECISIVE_CSV, DECISIVE_RUNS_CSV, SCORES_CSV, earlier_scores, fmt,
@@ -274,8 +274,7 @@ def figure_runs(rows: Sequence[Mapping], curves: Mapping, facts: Mapping,
         if m["run_id"] not in have:
             by_folder.setdefault(m.get("table") or m["joined_from"], set()).add(m["run_id"])  # its comparison.csv
     for folder, ids in by_folder.items():
-        path = Path(folder) if Path(folder).is_absolute() else PROJECT_ROOT / folder
-        more, more_curves = earlier_scores(path, ids)
+        more, more_curves = earlier_scores(project_path(folder), ids)
         rows += more
         curves.update(more_curves)
     have = {(r["run_id"], r["padding"]) for r in rows}

@@ -399,3 +399,15 @@ def test_a_comparison_reuses_the_cells_its_own_tables_hold():
         found = reuse.finished(compose([f"regime={regime}", f"arm={arm}", f"seed={run['seed']}"]))
         assert found["mlflow_run_id"] == run["run_id"]
     assert (regime, arm, 1000) not in reuse.tables()
+
+
+def test_a_comparison_reads_each_committed_folder_once(monkeypatch):
+    """rates.yaml names docs/figures/rates in a regime's `table:` (relative) and as its `out` (made absolute): the
+    index reads every folder once, however it is written and however many regimes name it."""
+    from phasefix.study import cells
+
+    read = []
+    monkeypatch.setattr(cells, "committed_runs", lambda folder: read.append(Path(folder).resolve()) or [])
+    cells.FitOrReuse(str(PROJECT_ROOT / "comparisons/rates.yaml")).tables()
+    assert (PROJECT_ROOT / "docs/figures/rates").resolve() in read
+    assert len(read) == len(set(read))

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from phasefix.errors import ConfigError, check, check_choice
-from phasefix.paths import CONF_DIR, PROJECT_ROOT
+from phasefix.paths import CONF_DIR, PROJECT_ROOT, project_path
 from phasefix.tables import SCORES_CSV
 
 TOP_KEYS = ("name", "description", "base", "seeds", "regimes", "then", "per_residue", "tables", "out", "storage",
@@ -249,9 +249,7 @@ def committed_runs(folder: str | Path) -> list[dict]:
     from phasefix.decisive import number
     from phasefix.tables import folder_members, read_scores, seed_in_name
 
-    folder = Path(folder)
-    if not folder.is_absolute():
-        folder = PROJECT_ROOT / folder
+    folder = project_path(folder)
     by_id: dict[str, dict] = {}
     for row in read_scores(folder):
         run = by_id.setdefault(row["run_id"], {"run_id": row["run_id"], "run_name": row["run_name"], "scores": {}})
@@ -321,11 +319,12 @@ class FitOrReuse:
     def tables(self) -> dict:
         if self._tables is None:
             comp = load_comparison(self.comparison_path)
-            own = [str(comp.out)] if comp.out is not None and (comp.out / SCORES_CSV).is_file() else []
-            read: dict[str, list[dict]] = {}  # each folder read once, though several regimes name it
+            own = [comp.out] if comp.out is not None and (comp.out / SCORES_CSV).is_file() else []
+            # each folder read once, though several regimes name it (and `out` as an absolute path)
+            read: dict[Path, list[dict]] = {}
             self._tables = {}
             for r in comp.regimes:
-                for table in [*r.tables, *own]:  # its own tables too: the cells a slice before this one finished
+                for table in map(project_path, [*r.tables, *own]):  # own: the cells earlier slices finished
                     if table not in read:
                         read[table] = committed_runs(table)
                     for run in read[table]:
