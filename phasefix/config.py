@@ -148,9 +148,17 @@ class SlotCoverageOptions:
     ramp_steps: int = 0  # ... then its weight ramps linearly over this many steps (0: full weight at once)
 
 
+@dataclass
+class EntryDropoutOptions:
+    """`+mitigation=entry_dropout` (conf/mitigation/entry_dropout.yaml): the options and their defaults."""
+
+    p: float = 0.5  # the share of training steps on which one compressed layer, drawn uniformly, loses its entries
+    start_step: int = 0  # no layer loses its entries before this training step
+
+
 MITIGATION_OPTIONS = {"gate_diversity": GateDiversityOptions, "head_coord": CoordOptions, "layer_coord": CoordOptions,
-                      "slot_coverage": SlotCoverageOptions, "phase_jitter": PhaseJitterOptions,
-                      "staggered_offsets": StaggeredOffsetsOptions}
+                      "slot_coverage": SlotCoverageOptions, "entry_dropout": EntryDropoutOptions,
+                      "phase_jitter": PhaseJitterOptions, "staggered_offsets": StaggeredOffsetsOptions}
 
 
 @dataclass

@@ -80,6 +80,8 @@ class PhaseFixModule(L.LightningModule):
             gen = torch.Generator().manual_seed(int(self.hparams.seed) * 1_000_003 + int(self.global_step))
             for m in self.mitigations:
                 input_ids, labels = m.transform_batch(input_ids, labels, gen)
+            for m in self.mitigations:
+                m.before_forward(int(self.global_step), gen)
         logits = self.train_forward()(input_ids, collect_gates=self.needs_gates)
         loss, parts = next_token_loss(logits, labels, self.hparams.text_label_start, self.text_weight())
         terms = {}

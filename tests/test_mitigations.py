@@ -552,6 +552,112 @@ def test_staggered_offsets_spread_over_the_stride():
 
 
 # ------------------------------------------------------------------------------------------------ composition
+def _without_compressor(model, layer: int):
+    """The same weights in a model whose `layer` has no compressor (layer_compression 'none'): the reference for a
+    layer whose entries entry_dropout drops."""
+    import dataclasses
+
+    cfg = model.config
+    pattern = [f"{cfg.window}/{cfg.stride}"] * cfg.num_layers
+    pattern[layer] = "none"
+    ref = CompressedQwen3(dataclasses.replace(cfg, layer_compression=pattern)).double()
+    assert not ref.load_state_dict(model.state_dict(), strict=False).missing_keys
+    return ref.eval()
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+@pytest.mark.parametrize("overrides", [dict(), dict(head_offsets="spread", token_shift=2, local_memory="window")])
+def test_entry_dropout_drops_one_layers_entries_in_training_only(layer, overrides):
+    """A dropped layer attends to its local window alone, as a layer without a compressor does (checked against the
+    float64 oracle of that model), in training mode only; its gates are still collected for the gate terms."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import oracle
+
+    torch.manual_seed(layer)
+    model = CompressedQwen3(dataclasses.replace(ModelConfig.from_name("tiny"), **overrides)).double()
+    ids = torch.randint(0, model.config.vocab_size, (2, 37))
+    model.layers[layer].attn.drop_entries = True
+    model.train()
+    dropped = model(ids, collect_gates=True)
+    assert all(g is not None for g in model.gates())
+    ref = _without_compressor(model, layer)
+    assert (dropped - oracle.logits(ref, ids)).abs().max() <= 1e-9
+    model.eval()  # evaluation ignores the switch: the whole model, as the oracle of the model itself
+    assert (model(ids) - oracle.logits(model, ids)).abs().max() <= 1e-9
+    assert (model(ids) - dropped).abs().max() > 1e-3
+
+
+def test_entry_dropout_draws_one_layer_on_a_share_p_of_the_steps_from_start_step():
+    cfg = ModelConfig.from_name("tiny")
+    draws = {}
+    for p in (0.0, 0.3, 1.0):
+        (m,) = build_mitigations({"entry_dropout": {"p": p, "start_step": 100}})
+        model = CompressedQwen3(m.configure_model(cfg))
+        m.setup(model)
+        seen = []
+        for step in range(1100):
+            m.before_forward(step, torch.Generator().manual_seed(step))
+            flags = [block.attn.drop_entries for block in model.layers]
+            assert flags.count(True) <= 1
+            seen.append(flags.index(True) if True in flags else None)
+        assert seen[:100] == [None] * 100  # nothing before start_step
+        draws[p] = seen[100:]
+    assert draws[0.0] == [None] * 1000 and None not in draws[1.0]
+    dropped = [d for d in draws[0.3] if d is not None]
+    assert 240 <= len(dropped) <= 360  # Binomial(1000, 0.3): mean 300, sd 14.5
+    assert 0.4 <= dropped.count(0) / len(dropped) <= 0.6  # either layer, uniformly
+    assert [d for d in draws[1.0]].count(0) not in (0, 1000)
+    # the same step's generator draws the same layer: a resumed run drops what an uninterrupted one would
+    (a,), (b,) = build_mitigations({"entry_dropout": {}}), build_mitigations({"entry_dropout": {}})
+    for m in (a, b):
+        m.setup(CompressedQwen3(cfg))
+    for step in range(50):
+        a.before_forward(step, torch.Generator().manual_seed(step))
+        b.before_forward(step, torch.Generator().manual_seed(step))
+        assert a.dropped() == b.dropped()
+
+
+def test_a_training_step_with_entry_dropout_pays_its_loss_through_the_other_layer():
+    """PhaseFixModule's training step calls the switch before its forward: with p = 1 the step's loss is the
+    loss of the model without the drawn layer's compressor (same weights), and validation sees the whole model."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from phasefix.module import PhaseFixModule
+
+    cfg = ModelConfig.from_name("tiny")
+    module = PhaseFixModule(model=dataclasses.asdict(cfg), optim={}, max_steps=10,
+                            mitigation={"entry_dropout": {"p": 1.0}}).double()
+    (m,) = module.mitigations
+    ids = torch.randint(0, cfg.vocab_size, (2, 33))
+    labels = torch.full_like(ids, -100)
+    labels[:, 20:] = ids[:, 20:]
+    module.train()
+    with pytest.warns(UserWarning):  # self.log with no trainer attached
+        loss = module.training_step({"input_ids": ids, "labels": labels}, 0)
+    (layer,) = m.dropped()
+    ref = _without_compressor(module.model, layer)
+    want = F.cross_entropy(ref(ids).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)  # the step's loss is computed in float32
+    module.eval()  # the whole model's loss is another
+    whole = F.cross_entropy(module(ids).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert abs(whole.item() - want.item()) > 1e-4
+
+
+def test_entry_dropout_refuses_a_model_with_fewer_than_two_compressed_layers():
+    (m,) = build_mitigations({"entry_dropout": {}})
+    with pytest.raises(ConfigError, match="needs at least 2"):
+        m.configure_model(ModelConfig(num_layers=1))
+    with pytest.raises(ConfigError, match="needs at least 2"):
+        m.configure_model(ModelConfig(num_layers=2, layer_compression=["none", "4/4"]))
+    with pytest.raises(ConfigError, match=r"mitigation\.entry_dropout\.p=1\.5 is invalid"):
+        build_mitigations({"entry_dropout": {"p": 1.5}})
+
+
 def test_composing_two_mitigations_adds_both_terms():
     torch.manual_seed(0)
     mits = build_mitigations({"gate_diversity": {"weight": 0.5}, "head_coord": {"weight": 2.0, "branch": "both"}})

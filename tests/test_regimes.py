@@ -203,6 +203,21 @@ def test_the_coverage_arms_add_a_training_term_to_shift_spread_and_nothing_else(
         assert got_model.compressor_flops_per_token() == model.compressor_flops_per_token()
 
 
+def test_the_entry_dropout_arm_is_late_gate_diversity_plus_entry_dropout_on_the_same_model():
+    from phasefix.fit import plan_model
+
+    base = ["regime=coverage_w8s8_curric"]
+    late = compose([*base, "arm=shift_spread_late_gate_diversity"])
+    cfg = compose([*base, "arm=shift_spread_late_gate_diversity_entry_dropout"])
+    typed = compose([*base, "arm=shift_spread", "+mitigation=[gate_diversity,entry_dropout]",
+                     "mitigation.gate_diversity.start_step=1000", "mitigation.gate_diversity.ramp_steps=500",
+                     "mitigation.entry_dropout.start_step=1000"])
+    assert cfg.model == late.model and cfg.mitigation == typed.mitigation
+    model, (gate_diversity, entry_dropout) = plan_model(cfg)
+    assert model == plan_model(late)[0]
+    assert (gate_diversity.start_step, entry_dropout.p, entry_dropout.start_step) == (1000, 0.5, 1000)
+
+
 def test_the_in_sequence_first_recipe_is_what_stride_inseqfirst_trained():
     """recipe=inseqfirst at 2,400 steps composes the runs of docs/figures/stride_inseqfirst (their command: the
     learned recipe, 8 demonstrations, in-sequence only before step 1,200); its switch follows the budget."""

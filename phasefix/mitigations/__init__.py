@@ -2,8 +2,8 @@
 
 `build_mitigations(cfg.mitigation)` validates every option and returns the `Mitigation`s the training loop calls:
 gate-diversity constraints (per head by default, the union, or a hard parametrisation), head and layer coordination
-losses on key and value gates, the heads' joint slot coverage, and the control baselines phase_jitter and
-staggered_offsets. Select them with `+mitigation=NAME` or `+mitigation=[a,b]`; each class's `Options` dataclass
+losses on key and value gates, the heads' joint slot coverage, entry dropout across layers, and the control
+baselines phase_jitter and staggered_offsets. Select them with `+mitigation=NAME` or `+mitigation=[a,b]`; each class's `Options` dataclass
 holds its options and defaults (the schema conf/mitigation/NAME.yaml selects).
 """
 from __future__ import annotations
@@ -14,12 +14,14 @@ from phasefix.errors import ConfigError
 from phasefix.model.config import ModelConfig
 from phasefix.mitigations.base import Mitigation, as_options
 from phasefix.mitigations.controls import PhaseJitter, StaggeredOffsets
+from phasefix.mitigations.entry_dropout import EntryDropout
 from phasefix.mitigations.gate_losses import (GateDiversity, HeadCoord, LayerCoord, SlotCoverage, phase_coverage,
                                               slot_assignment, token_phase_distribution)
 from phasefix.mitigations.gates import answered_phases, effective_slots, static_gate_distribution
 
 REGISTRY: dict[str, type[Mitigation]] = {
-    cls.name: cls for cls in (GateDiversity, HeadCoord, LayerCoord, SlotCoverage, PhaseJitter, StaggeredOffsets)
+    cls.name: cls for cls in (GateDiversity, HeadCoord, LayerCoord, SlotCoverage, EntryDropout, PhaseJitter,
+                              StaggeredOffsets)
 }
 
 
@@ -55,7 +57,7 @@ def mitigation_names(mitigations: list[Mitigation]) -> str:
     return "+".join(m.name for m in mitigations)
 
 
-__all__ = ["GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "REGISTRY", "SlotCoverage",
+__all__ = ["EntryDropout", "GateDiversity", "HeadCoord", "LayerCoord", "Mitigation", "PhaseJitter", "REGISTRY", "SlotCoverage",
            "StaggeredOffsets", "answered_phases", "build_mitigations", "configured_model", "effective_slots",
            "mitigation_names", "phase_coverage", "slot_assignment", "static_gate_distribution",
            "token_phase_distribution"]

@@ -1,7 +1,8 @@
 """The `Mitigation` interface the training loop calls, and option validation shared by every mitigation.
 
 Call order in the loop: `configure_model` (before the model is built) -> `setup(model)` (after) -> every step
-`transform_batch` (data-side controls), then, when any mitigation `needs_gates`, `loss(model, model.gates(), step)`:
+`transform_batch` (data-side controls), `before_forward(step, generator)` (model-side switches for that step's
+forward), then, when any mitigation `needs_gates`, `loss(model, model.gates(), step)`:
 named scalar terms, already weighted, added to the LM loss and logged as `train/mitigation/<name>`.
 """
 from __future__ import annotations
@@ -126,6 +127,9 @@ class Mitigation:
     def transform_batch(self, input_ids: torch.Tensor, labels: torch.Tensor, generator: torch.Generator | None):
         """Data-side controls: return (input_ids, labels), labels aligned with input_ids as given."""
         return input_ids, labels
+
+    def before_forward(self, step: int, generator: torch.Generator | None) -> None:
+        """Before each training step's forward (after `transform_batch`, from the same generator)."""
 
     def loss(self, model: torch.nn.Module, gates: list[dict], step: int = 0) -> dict[str, torch.Tensor]:
         """Named scalar terms at training step `step`, already weighted; empty when the mitigation has no loss."""

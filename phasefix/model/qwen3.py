@@ -210,6 +210,9 @@ class Attention(nn.Module):
             if shape else None
         self.sink = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None
         self.last_gates: dict | None = None  # filled when the model runs with collect_gates=True
+        # training only: attend as a layer without a compressor (the local window alone) on this step; the
+        # entry_dropout mitigation sets it, eval mode ignores it
+        self.drop_entries = False
 
     def forward(self, x: torch.Tensor, collect_gates: bool = False) -> torch.Tensor:
         cfg = self.cfg
@@ -224,25 +227,27 @@ class Attention(nn.Module):
         if not cfg.compressed:
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=True).transpose(1, 2)
-        elif self.compressor is None:  # a layer_compression 'none' layer: the local window alone (no entries)
-            ops = kernels.ops(cfg.attn_impl, x.device.type)
-            none = k.new_zeros(B, 0, cfg.num_kv_heads, cfg.head_dim)
-            self.last_gates = None
-            y = ops.compressed_attention(q, k, v, none, none, stride=cfg.stride, local_window=cfg.local_window,
-                                         local_memory="window", sink=self.sink, query_block=cfg.query_block)
         else:
             ops = kernels.ops(cfg.attn_impl, x.device.type)  # auto: triton on CUDA, blocked elsewhere
-            k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
-            S = self.compressor.stride
-            offs = self.compressor.head_offsets  # one grid offset per KV head
-            off = offs[0] if len(set(offs)) == 1 else offs
-            k_cmp = self.rope(k_cmp, compression.entry_positions(k_cmp.shape[1], S, off, x.device))
-            v_cmp = k_cmp if cfg.tied_kv else v_cmp
-            self.last_gates = gates if collect_gates else None
-            y = compression.by_grid_offset(ops.compressed_attention, q, k, v, k_cmp, v_cmp, grid_offset=off,
-                                           stride=S, local_window=cfg.local_window,
-                                           local_memory=cfg.local_memory, sink=self.sink,
-                                           query_block=cfg.query_block)
+            self.last_gates = None
+            if self.compressor is not None:
+                k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
+                self.last_gates = gates if collect_gates else None  # kept when dropped: the gate terms read them
+            if self.compressor is None or (self.training and self.drop_entries):
+                # a layer_compression 'none' layer, or one whose entries entry_dropout drops: the local window alone
+                none = k.new_zeros(B, 0, cfg.num_kv_heads, cfg.head_dim)
+                y = ops.compressed_attention(q, k, v, none, none, stride=cfg.stride, local_window=cfg.local_window,
+                                             local_memory="window", sink=self.sink, query_block=cfg.query_block)
+            else:
+                S = self.compressor.stride
+                offs = self.compressor.head_offsets  # one grid offset per KV head
+                off = offs[0] if len(set(offs)) == 1 else offs
+                k_cmp = self.rope(k_cmp, compression.entry_positions(k_cmp.shape[1], S, off, x.device))
+                v_cmp = k_cmp if cfg.tied_kv else v_cmp
+                y = compression.by_grid_offset(ops.compressed_attention, q, k, v, k_cmp, v_cmp, grid_offset=off,
+                                               stride=S, local_window=cfg.local_window,
+                                               local_memory=cfg.local_memory, sink=self.sink,
+                                               query_block=cfg.query_block)
         return self.o_proj(y.reshape(B, T, -1))
 
 
