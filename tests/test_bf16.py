@@ -192,6 +192,8 @@ MITIGATIONS = {  # every registered mitigation, the gate terms at weights that m
     # floor 2.5: two near-uniform heads (u = 2/S - 1/S^2 = 1.75/4) are below it, where the term has a gradient
     "slot_coverage": {"slot_coverage": {"weight": 1.0, "floor": 2.5}},
     "phase_jitter+staggered_offsets": {"phase_jitter": None, "staggered_offsets": None},
+    # p = 1: the step drops one layer's entries (the same layer in both models: the same step generator)
+    "entry_dropout+gate_diversity": {"entry_dropout": {"p": 1.0}, "gate_diversity": {"weight": 1.0}},
 }
 
 
@@ -221,6 +223,9 @@ def test_mitigation_terms_under_bf16_autocast_match_float32(spec, impl="blocked"
         model = CompressedQwen3(cfg)
         for m in mits:
             m.setup(model)
+        for m in mits:
+            m.before_forward(10, torch.Generator().manual_seed(5))
+        assert sum(block.attn.drop_entries for block in model.layers) == ("entry_dropout" in spec)
         return model
 
     g = torch.Generator().manual_seed(3)
