@@ -230,10 +230,11 @@ class Attention(nn.Module):
         else:
             ops = kernels.ops(cfg.attn_impl, x.device.type)  # auto: triton on CUDA, blocked elsewhere
             self.last_gates = None
-            if self.compressor is not None:
+            dropped = self.compressor is None or (self.training and self.drop_entries)
+            if self.compressor is not None and (collect_gates or not dropped):  # dropped: pooled only for its gates
                 k_cmp, v_cmp, gates = self.compressor(x, self.k_norm, pool=ops.gated_pool)
                 self.last_gates = gates if collect_gates else None  # kept when dropped: the gate terms read them
-            if self.compressor is None or (self.training and self.drop_entries):
+            if dropped:
                 # a layer_compression 'none' layer, or one whose entries entry_dropout drops: the local window alone
                 none = k.new_zeros(B, 0, cfg.num_kv_heads, cfg.head_dim)
                 y = ops.compressed_attention(q, k, v, none, none, stride=cfg.stride, local_window=cfg.local_window,
